@@ -1,0 +1,39 @@
+# The two commands of the README: `make book` and `make test`. Both create .venv.
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: book test unit notebooks lab grade bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+
+# Reinstall whenever pyproject.toml changes.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -e '.[test,book]'
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+book: $(STAMP)
+	$(BIN)/jupyter-book build . --builder html -W --keep-going
+	@echo "Open _build/html/index.html in a browser."
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+notebooks: $(STAMP)
+	$(BIN)/python -m pytest -q --nbval-lax -p no:cacheprovider exercises solutions
+
+test: unit notebooks book
+
+lab: $(STAMP)
+	$(BIN)/python -m pip install -e '.[lab]'
+	$(BIN)/jupyter lab exercises
+
+bench: $(STAMP)
+	$(BIN)/python bench/ring_allreduce.py
+
+clean:
+	rm -rf _build

@@ -1,0 +1,23 @@
+"""ringlab: how distributed training communicates, one traced message at a time.
+
+    >>> import numpy as np, ringlab
+    >>> from ringlab.collectives import ring_allreduce
+    >>> res = ringlab.run(ring_allreduce, [np.arange(4.0) * (r + 1) for r in range(4)])
+    >>> res.outputs[0]
+    array([ 0., 10., 20., 30.])
+    >>> res.trace.steps          # 2 * (world_size - 1)
+    6
+"""
+
+from .errors import (CommError, DeadlockError, ProgramTimeout, RankError, RinglabError,
+                     UnreceivedMessagesError)
+from .trace import Event, Span, Trace
+from .world import Comm, Request, RunResult, collective, run
+from .grading import grade
+
+__all__ = [
+    "run", "grade", "collective", "Comm", "Request", "RunResult", "Trace", "Event", "Span",
+    "RinglabError", "CommError", "RankError", "DeadlockError", "ProgramTimeout",
+    "UnreceivedMessagesError",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,80 @@
+"""Errors a ringlab run can raise.
+
+Every error names the rank and the step where it happened, because that is
+what you need to find the bug: "rank 2, step 3: recv(src=1) expected ..." .
+"""
+
+
+class RinglabError(Exception):
+    """Base class of every error ringlab raises on purpose."""
+
+
+class CommError(RinglabError):
+    """A communication call was used wrongly (bad rank, not an array, wrong shape).
+
+    Raised *inside* the rank's program, at the call, so the traceback points
+    at the learner's own line.
+    """
+
+
+class RankError(RinglabError):
+    """A rank's program raised an exception.
+
+    ``rank`` and ``step`` say where, ``exc`` is the original exception and
+    ``program_traceback`` is the traceback with ringlab's own frames removed.
+    """
+
+    def __init__(self, rank, step, exc, program_traceback):
+        self.rank, self.step, self.exc = rank, step, exc
+        self.program_traceback = program_traceback
+        # A CommError already says "rank r, step s: ..."; don't say it twice.
+        head = str(exc) if isinstance(exc, CommError) else (
+            f"rank {rank} raised {type(exc).__name__} at step {step}: {exc}")
+        super().__init__(f"{head}\n{program_traceback}")
+
+
+class DeadlockError(RinglabError):
+    """Every rank that has not finished is blocked and no message can unblock it.
+
+    ``waiting`` maps each blocked rank to a description of what it waits for.
+    """
+
+    def __init__(self, waiting, finished):
+        self.waiting, self.finished = waiting, finished
+        lines = [f"  rank {r}: {what}" for r, what in sorted(waiting.items())]
+        done = f"\n  (finished: ranks {sorted(finished)})" if finished else ""
+        super().__init__(
+            "deadlock: every unfinished rank is blocked and no message can arrive\n"
+            + "\n".join(lines) + done
+        )
+
+
+class ProgramTimeout(RinglabError):
+    """The program did not finish within the time limit (an infinite loop?)."""
+
+    def __init__(self, seconds, rank, step, where):
+        self.seconds, self.rank, self.step = seconds, rank, step
+        at = f"rank {rank} was running at step {step}" if rank is not None else "no rank was running"
+        super().__init__(
+            f"timeout: the program did not finish within {seconds:g} s; {at}"
+            + (f"\n{where}" if where else "")
+            + "\nHint: look for a loop whose exit condition is never met."
+        )
+
+
+class UnreceivedMessagesError(RinglabError):
+    """The program ended with messages that nobody received.
+
+    In a correct program every send has a matching receive; a leftover message
+    usually means one rank sent one time too many (or its peer received one
+    time too few).
+    """
+
+    def __init__(self, leftovers):
+        self.leftovers = leftovers
+        lines = [f"  {e.describe()}" for e in leftovers[:10]]
+        more = f"\n  ... and {len(leftovers) - 10} more" if len(leftovers) > 10 else ""
+        super().__init__(
+            f"{len(leftovers)} message(s) were sent but never received:\n"
+            + "\n".join(lines) + more
+        )

@@ -1,0 +1,151 @@
+"""The grade report, and the loop that runs a grader's cases.
+
+A grader module defines ``cases(rng)``, yielding ``Case`` objects, and
+``check(program, case)``, which returns ``None`` when the case passes or a
+``Failure`` that says what went wrong, where, and what to try.
+"""
+
+from __future__ import annotations
+
+import html
+import secrets
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import DeadlockError, ProgramTimeout, RankError, UnreceivedMessagesError
+from ..world import run
+
+
+@dataclass
+class Case:
+    """One world to run: ``inputs`` per rank, shared ``args``, and a label."""
+
+    world_size: int
+    inputs: list
+    label: str
+    args: tuple = ()
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
+class Failure:
+    case: str
+    check: str
+    what: str
+    expected: str | None = None
+    got: str | None = None
+    hint: str | None = None
+
+
+class NotImplementedYet(Exception):
+    """The program raised NotImplementedError: the stub is not filled in yet."""
+
+
+@dataclass
+class Report:
+    """A grade: ``passed``, and a readable ``str()`` (HTML in a notebook)."""
+
+    exercise: str
+    passed: bool
+    seed: int
+    cases_passed: int = 0
+    cases_total: int = 0
+    world_sizes: tuple = ()
+    failure: Failure | None = None
+    not_implemented: bool = False
+
+    def __bool__(self):
+        return self.passed
+
+    def __str__(self):
+        head = f"{self.exercise} results:"
+        if self.not_implemented:
+            return (f"{head} not implemented yet. Fill in the program (replace the "
+                    f"`raise NotImplementedError`) and run the grading cell again.")
+        if self.passed:
+            sizes = f"{min(self.world_sizes)}-{max(self.world_sizes)}" if self.world_sizes else "-"
+            return f"{head} All test cases passed! ({self.cases_total} cases, world sizes {sizes})"
+        f = self.failure
+        lines = [f"{head} FAILED ({self.cases_passed} of {self.cases_total} cases passed before this one)",
+                 "", f"Case:     {f.case}", f"Check:    {f.check}", f"What:     {_indent(f.what)}"]
+        if f.expected is not None:
+            lines.append(f"Expected: {_indent(f.expected)}")
+        if f.got is not None:
+            lines.append(f"Got:      {_indent(f.got)}")
+        if f.hint:
+            lines.append(f"Hint:     {_indent(f.hint)}")
+        lines += ["", f'Reproduce: ringlab.grade("{self.exercise}", program, seed={self.seed})']
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self):
+        colour = "#1a7f37" if self.passed else ("#9a6700" if self.not_implemented else "#cf222e")
+        return (f'<pre class="ringlab-report" style="border-left:4px solid {colour};'
+                f'padding-left:8px;white-space:pre-wrap">{html.escape(str(self))}</pre>')
+
+
+def _indent(text):
+    return str(text).replace("\n", "\n          ")
+
+
+def run_case(program, case, backend="sim", **kw):
+    """Run one case; return (RunResult, None) or (None, Failure). Learner bugs
+    become Failures with a diagnosis; a stub raises NotImplementedYet."""
+    try:
+        return run(program, case.inputs, args=case.args, timeout=kw.pop("timeout", 10.0),
+                   backend=backend, **kw), None
+    except RankError as e:
+        if isinstance(e.exc, NotImplementedError):
+            raise NotImplementedYet from e
+        return None, Failure(case.label, "the program runs without error",
+                             f"rank {e.rank} raised {type(e.exc).__name__} at step {e.step}: {e.exc}",
+                             got=e.program_traceback.rstrip(),
+                             hint="Read the last line of your code in the traceback above; the "
+                                  "error happened there, on the rank named.")
+    except DeadlockError as e:
+        return None, Failure(case.label, "no deadlock", str(e),
+                             hint="Every recv needs a matching send on the peer, in the same order. "
+                                  "A rank waiting for a message nobody sends usually means the "
+                                  "ranks disagree about the step or the peer.")
+    except ProgramTimeout as e:
+        return None, Failure(case.label, "the program finishes", str(e))
+    except UnreceivedMessagesError as e:
+        return None, Failure(case.label, "every message sent is received", str(e),
+                             hint="Count the sends and receives each rank makes: they must match "
+                                  "one for one (one step too many on the sending side?).")
+
+
+def check_outputs_shape(result, case, expected_shape):
+    """Every rank returned a numpy array of the expected shape, or a Failure."""
+    for r, out in enumerate(result.outputs):
+        if not isinstance(out, np.ndarray):
+            return Failure(case.label, "every rank returns its result",
+                           f"rank {r} returned {type(out).__name__}",
+                           expected=f"a numpy array of shape {expected_shape}",
+                           got=repr(out)[:200], hint="End your program with `return` of the result array.")
+        if out.shape != tuple(expected_shape):
+            return Failure(case.label, "every rank returns its result",
+                           f"rank {r} returned an array of shape {out.shape}",
+                           expected=f"shape {tuple(expected_shape)}", got=f"shape {out.shape}")
+    return None
+
+
+def grade_cases(exercise_id, module, program, *, seed=None, backend="sim"):
+    seed = secrets.randbelow(10**6) if seed is None else seed
+    cases = list(module.cases(np.random.default_rng(seed)))
+    sizes = tuple(sorted({c.world_size for c in cases}))
+    report = Report(exercise_id, False, seed, 0, len(cases), sizes)
+    try:
+        for case in cases:
+            failure = module.check(program, case, backend)
+            if failure is not None:
+                report.failure = failure
+                return report
+            report.cases_passed += 1
+    except NotImplementedYet:
+        report.not_implemented = True
+        return report
+    report.passed = True
+    return report
