@@ -22,13 +22,17 @@ from __future__ import annotations
 
 import html
 import json
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, asdict
+from typing import NamedTuple
 from collections import defaultdict
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One message: sent at causal ``step`` from ``src`` to ``dst``."""
+class Event(NamedTuple):
+    """One message: sent at causal ``step`` from ``src`` to ``dst``.
+
+    A named tuple: cheap to make (a big run has hundreds of thousands), compared
+    field by field, and immutable.
+    """
 
     step: int
     src: int
@@ -41,7 +45,6 @@ class Event:
     shape: tuple = ()
     dtype: str = ""
     seq: int = 0               # n-th message on the (src, dst, tag) channel
-    received: bool = field(default=True, compare=False)
 
     def __repr__(self):
         return (f"Event(step={self.step}, src={self.src}, dst={self.dst}, chunk={self.chunk!r}, "
@@ -54,9 +57,8 @@ class Event:
                 f"{self.nbytes} bytes, shape {self.shape} {self.dtype}")
 
     def to_dict(self):
-        d = asdict(self)
+        d = self._asdict()
         d["shape"] = list(self.shape)
-        d.pop("received")
         return d
 
     @staticmethod
@@ -91,8 +93,9 @@ class Span:
 class Trace:
     """The events of one run, in canonical order. Iterable, indexable, comparable."""
 
-    def __init__(self, events, world_size, spans=()):
+    def __init__(self, events, world_size, spans=(), unreceived=()):
         self.events = sorted(events, key=_order)
+        self.unreceived = sorted(unreceived, key=_order)   # sent, never received
         self.world_size = world_size
         self.spans = sorted(spans, key=lambda s: (s.start, s.rank, s.path))
 

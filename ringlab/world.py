@@ -233,7 +233,7 @@ class _World:
         me.clock += 1
         ch = self._channel((me.rank, dst, tag))
         ev = Event(me.clock, me.rank, dst, chunk, op, payload.nbytes, me.span_path, tag,
-                   payload.shape, payload.dtype.name, ch.sent)
+                   payload.shape, _dtype_name(payload.dtype), ch.sent)
         ch.sent += 1
         self.events.append(ev)
         if self.payloads is not None:
@@ -346,6 +346,11 @@ class _World:
                     pass
 
 
+@functools.cache
+def _dtype_name(dtype):
+    return dtype.name    # numpy computes this slowly; a run asks hundreds of thousands of times
+
+
 def _program_traceback(exc):
     """The traceback of ``exc`` without ringlab's scheduler frames."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
@@ -433,14 +438,7 @@ def run(program, inputs, *, args=(), kwargs=None, mode="buffered", timeout=10.0,
                             [me.rank for me in world.ranks if me.finished])
 
     left = [ev for ch in world.channels.values() for ev, _, _ in ch.messages]
-    received = set(id(ev) for ev in left)
-    events = [ev if id(ev) not in received else _unreceived(ev) for ev in world.events]
-    trace = Trace(events, world.world_size, [s for me in world.ranks for s in me.spans])
+    trace = Trace(world.events, world.world_size, [s for me in world.ranks for s in me.spans], left)
     if left and check_unreceived:
-        raise UnreceivedMessagesError(sorted(left, key=lambda e: (e.step, e.src, e.dst)))
+        raise UnreceivedMessagesError(trace.unreceived)
     return RunResult([me.result for me in world.ranks], trace, world.payloads)
-
-
-def _unreceived(ev):
-    from dataclasses import replace
-    return replace(ev, received=False)
