@@ -43,10 +43,13 @@ def describe(coeffs, expected):
     parts = []
     missing = [r for r, (c, e) in enumerate(zip(coeffs, expected)) if c < e]
     extra = [(r, c) for r, (c, e) in enumerate(zip(coeffs, expected)) if c > e]
-    if missing:
-        parts.append(f"{_ranks(missing)} contribution{'s' if len(missing) > 1 else ''} missing")
+    if len(missing) == 1:
+        parts.append(f"rank {missing[0]}'s contribution is missing")
+    elif missing:
+        parts.append(f"the contributions of {_ranks(missing, possessive=False)} are missing")
     for r, c in extra:
-        parts.append(f"rank {r}'s counted {_times(c)}" if expected[r] else f"rank {r}'s included {_times(c)} but should not be")
+        parts.append(f"rank {r}'s is counted {_times(c)}" if expected[r]
+                     else f"rank {r}'s is included {_times(c)} but should not be")
     return "; ".join(parts)
 
 

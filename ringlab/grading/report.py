@@ -7,6 +7,7 @@ A grader module defines ``cases(rng)``, yielding ``Case`` objects, and
 
 from __future__ import annotations
 
+import copy
 import html
 import secrets
 from dataclasses import dataclass, field
@@ -93,8 +94,9 @@ def _indent(text):
 def run_case(program, case, backend="sim", **kw):
     """Run one case; return (RunResult, None) or (None, Failure). Learner bugs
     become Failures with a diagnosis; a stub raises NotImplementedYet."""
+    inputs = copy.deepcopy(case.inputs)   # a program may modify its input in place
     try:
-        return run(program, case.inputs, args=case.args, timeout=kw.pop("timeout", 10.0),
+        return run(program, inputs, args=case.args, timeout=kw.pop("timeout", 10.0),
                    backend=backend, **kw), None
     except RankError as e:
         if isinstance(e.exc, NotImplementedError):

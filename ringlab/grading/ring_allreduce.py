@@ -31,7 +31,9 @@ NAME = "ring_allreduce"
 
 
 def cases(rng):
-    for n in range(1, 9):
+    # N=4 first: small enough to read, big enough that neighbours, phases and
+    # wrong slots are distinguishable. The edge cases N=2 and N=1 come last.
+    for n in (4, 3, 5, 6, 7, 8, 2, 1):
         lengths = [3 * n, 3 * n + 1] if n > 1 else [5]
         if n in (3, 5):
             lengths.append(n - 1)     # shorter than the world: some chunks are empty
@@ -63,16 +65,17 @@ def check_ring_trace(trace, case, length, itemsize):
     n = case.world_size
     for e in trace:
         if n > 2 and e.dst not in ((e.src + 1) % n, (e.src - 1) % n):
-            targets = {x.dst for x in trace}
-            central = len(targets) == 1
+            # A hub that is an end of every message: a central (parameter-server) reduction.
+            hub = next((r for r in range(n) if all(r in (x.src, x.dst) for x in trace)), None)
+            central = hub is not None
             return Failure(
                 case.label, "messages go only between ring neighbours",
                 f"at step {e.step} rank {e.src} sent to rank {e.dst}, which is not its neighbour "
                 f"(the neighbours of rank {e.src} are ranks {(e.src - 1) % n} and {(e.src + 1) % n})",
                 expected="every message to (rank + 1) % N or (rank - 1) % N",
                 got=f"rank {e.src} -> rank {e.dst}",
-                hint=(f"Every rank sends to rank {e.dst}: that is a central reduction through one "
-                      f"rank (its links carry N-1 whole vectors), not a ring AllReduce."
+                hint=(f"Every message goes to or from rank {hub}: that is a central reduction through one "
+                      f"rank (its link carries 2(N-1) whole vectors), not a ring AllReduce."
                       if central else "In a ring each rank only talks to the rank on its left and on its right."))
     if length < n:
         return None
@@ -177,18 +180,29 @@ def _wrong_sum(program, case, rank, out, total):
 
 def _first_bad_message(res, n, length):
     """In a ring AllReduce the message of step s carries min(s, N) contributions,
-    each once, for one contiguous range of positions. Find the first that doesn't."""
+    each once, for one contiguous range of positions. Find the first that doesn't.
+
+    A message mixing positions is reported first even if a count went wrong
+    earlier: a chunk added into the wrong slot is the root cause of both."""
+    decoded = []
     for e in res.trace:
         payload = res.payloads[(e.src, e.dst, e.tag, e.seq)]
-        if payload.size == 0:
-            continue
-        dec = contrib.decode(payload, n)
+        if payload.size:
+            decoded.append((e, contrib.decode(payload, n)))
+    for e, dec in decoded:
+        if any(d is None for d in dec):
+            return f"step {e.step}: rank {e.src} sent rank {e.dst} values that are not sums of inputs", None
+    for e, dec in decoded:
+        positions = [d[1] for d in dec]
+        if None in positions or positions != list(range(positions[0], positions[0] + len(positions))):
+            return (f"step {e.step}: rank {e.src} sent rank {e.dst} a chunk that mixes elements from "
+                    f"different places of the vector: a received chunk was added into the wrong slot",
+                    "The chunk you receive at step k is the one your left neighbour sent, so compute its "
+                    "index from the sender's rank, (rank - 1 - k) % N, not from your own.")
+    for e, dec in decoded:
         want = min(e.step, n)
         phase = "reduce-scatter" if e.step < n else "all-gather"
-        for d in dec:
-            if d is None:
-                return f"step {e.step}: rank {e.src} sent rank {e.dst} values that are not sums of inputs", None
-            coeffs = d[0]
+        for coeffs, _ in dec:
             if max(coeffs) > 1:
                 hint = ("In the all-gather phase the received chunk is already complete: replace your copy "
                         "(chunk[...] = received), do not add it." if e.step >= n else
@@ -199,10 +213,15 @@ def _first_bad_message(res, n, length):
                 if e.step >= n:
                     hint = ("The first all-gather message must carry a fully reduced chunk: after reduce-"
                             "scatter, rank r's complete chunk is the last one it added into, not the one "
-                            "reduce-scatter started from.")
+                            "reduce-scatter started from. Check also that reduce-scatter runs N-1 steps.")
+                elif not coeffs[e.src]:
+                    hint = (f"Rank {e.src}'s own contribution is gone: in the reduce-scatter phase add the "
+                            "received chunk into yours (chunk += received); replacing it drops yours.")
                 else:
-                    hint = ("In the reduce-scatter phase, add the received chunk into yours "
-                            "(chunk += received); replacing it drops contributions.")
+                    hint = ("The chunk a rank forwards at step k+1 must be the one it received into at step k. "
+                            "Add the received chunk into the slot the sender sent from, index "
+                            "(rank - 1 - k) % N, not into (rank - k) % N; and run reduce-scatter for "
+                            "N-1 steps before the all-gather starts.")
                 return (f"step {e.step} ({phase} phase): rank {e.src} sent rank {e.dst} a chunk holding "
                         f"{sum(coeffs)} contribution(s) ({contrib.holders(coeffs)}); at step {e.step} a ring "
                         f"AllReduce message holds {want}", hint)
