@@ -14,9 +14,10 @@ from .errors import (CommError, DeadlockError, ProgramTimeout, RankError, Ringla
 from .trace import Event, Span, Trace
 from .world import Comm, Request, RunResult, collective, run
 from .grading import grade
+from .tryout import try_run
 
 __all__ = [
-    "run", "grade", "collective", "Comm", "Request", "RunResult", "Trace", "Event", "Span",
+    "run", "grade", "try_run", "collective", "Comm", "Request", "RunResult", "Trace", "Event", "Span",
     "RinglabError", "CommError", "RankError", "DeadlockError", "ProgramTimeout",
     "UnreceivedMessagesError",
 ]
