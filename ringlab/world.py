@@ -205,6 +205,8 @@ class _World:
     # -- validation ----------------------------------------------------------
     def _check_peer(self, me, peer, call, what):
         n = self.world_size
+        if type(peer) is int and 0 <= peer < n and peer != me.rank:
+            return peer          # the common case, checked cheaply
         if isinstance(peer, (bool, np.bool_)) or not isinstance(peer, (int, np.integer)):
             raise CommError(f"rank {me.rank}, step {me.clock + 1}: {call}({what}={peer!r}): "
                             f"{what} must be an int rank in 0..{n - 1}")
