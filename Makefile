@@ -12,6 +12,10 @@ $(BIN)/python:
 
 # Reinstall whenever pyproject.toml changes.
 $(STAMP): pyproject.toml | $(BIN)/python
+	@# The browser test (tests/test_browser.py) drives Debian's chromium; CI is root on Debian.
+	if ! { command -v chromium && command -v chromedriver; } >/dev/null && [ "$$(id -u)" = 0 ] \
+		&& command -v apt-get >/dev/null; then \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; fi
 	$(BIN)/python -m pip install -e '.[test,book]'
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)

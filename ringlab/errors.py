@@ -28,9 +28,9 @@ class RankError(RinglabError):
         self.rank, self.step, self.exc = rank, step, exc
         self.program_traceback = program_traceback
         # A CommError already says "rank r, step s: ..."; don't say it twice.
-        head = str(exc) if isinstance(exc, CommError) else (
+        self.headline = str(exc) if isinstance(exc, CommError) else (
             f"rank {rank} raised {type(exc).__name__} at step {step}: {exc}")
-        super().__init__(f"{head}\n{program_traceback}")
+        super().__init__(f"{self.headline}\n{program_traceback}")
 
 
 class DeadlockError(RinglabError):

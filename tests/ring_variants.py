@@ -171,3 +171,23 @@ def receives_first_deadlock(comm, x):
 
 def not_implemented(comm, x):
     raise NotImplementedError
+
+
+def all_gather_one_step_too_few(comm, x):
+    n, r = comm.world_size, comm.rank
+    out = x.copy()
+    chunks = np.array_split(out, n)
+    for k in range(n - 1):
+        chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], (r + 1) % n, (r - 1) % n)
+    for k in range(n - 2):
+        chunks[(r - k) % n][...] = comm.sendrecv(chunks[(r + 1 - k) % n], (r + 1) % n, (r - 1) % n)
+    return out
+
+
+def bad_neighbour(comm, x):
+    """Forgets the wrap-around: rank N-1 sends to rank N."""
+    n, r = comm.world_size, comm.rank
+    chunks = np.array_split(x.copy(), n)
+    for k in range(n - 1):
+        chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], r + 1, (r - 1) % n)
+    return np.concatenate(chunks)

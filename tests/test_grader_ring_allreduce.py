@@ -21,13 +21,17 @@ def test_correct_rings_pass(program):
 # program, the check that must fail, phrases the feedback must contain
 WRONG = [
     (v.uses_rank_before_defined, "runs without error", ["UnboundLocalError", "ring_variants.py", "rank 0"]),
+    (v.bad_neighbour, "runs without error", ["What:     rank 3, step 1: send(dst=4): there is no rank 4"]),
     (v.wrong_slot, "sum of all inputs", ["world_size 4", "are missing", "First went wrong: step 2",
                                          "(rank - 1 - k) % N"]),
     (v.all_gather_reuses_rs_indices, "sum of all inputs", ["step 4 (all-gather phase)", "fully reduced"]),
-    (v.accumulates_in_all_gather, "sum of all inputs", ["counted twice", "do not add it"]),
+    (v.accumulates_in_all_gather, "sum of all inputs", ["rank 0's contribution is counted twice",
+                                                        "do not add it"]),
     (v.replaces_in_reduce_scatter, "sum of all inputs", ["step 2 (reduce-scatter phase)",
                                                          "own contribution is gone"]),
     (v.one_step_too_few, "sum of all inputs", ["step 3", "N-1 steps"]),
+    (v.all_gather_one_step_too_few, "sum of all inputs", ["took 5 steps", "2(N-1) = 6",
+                                                          "Each phase loops world_size - 1 times"]),
     (v.one_step_too_many, "exactly 2(N-1) steps", ["took 7 steps", "= 6 steps"]),
     (v.assumes_length_divides, "sum of all inputs", ["length=13", "assume the length divides"]),
     (v.whole_vectors_around_ring, "one chunk per message", ["(the whole vector)", "at most one chunk"]),

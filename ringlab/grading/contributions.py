@@ -48,8 +48,8 @@ def describe(coeffs, expected):
     elif missing:
         parts.append(f"the contributions of {_ranks(missing, possessive=False)} are missing")
     for r, c in extra:
-        parts.append(f"rank {r}'s is counted {_times(c)}" if expected[r]
-                     else f"rank {r}'s is included {_times(c)} but should not be")
+        parts.append(f"rank {r}'s contribution is counted {_times(c)}" if expected[r]
+                     else f"rank {r}'s contribution is included {_times(c)} but should not be")
     return "; ".join(parts)
 
 

@@ -101,8 +101,7 @@ def run_case(program, case, backend="sim", **kw):
     except RankError as e:
         if isinstance(e.exc, NotImplementedError):
             raise NotImplementedYet from e
-        return None, Failure(case.label, "the program runs without error",
-                             f"rank {e.rank} raised {type(e.exc).__name__} at step {e.step}: {e.exc}",
+        return None, Failure(case.label, "the program runs without error", e.headline,
                              got=e.program_traceback.rstrip(),
                              hint="Read the last line of your code in the traceback above; the "
                                   "error happened there, on the rank named.")

@@ -23,7 +23,7 @@ chunks, which a program may skip).
 
 import numpy as np
 
-from . import contributions as contrib
+from . import checks, contributions as contrib
 from .report import Case, Failure, check_outputs_shape, run_case
 from ..world import run
 
@@ -56,72 +56,39 @@ def check(program, case, backend="sim"):
     total = np.sum(case.inputs, axis=0)
     for r, out in enumerate(result.outputs):
         if not np.array_equal(out, total):
-            return _wrong_sum(program, case, r, out, total)
+            return _wrong_sum(program, case, r, out, total, result.trace)
     return check_ring_trace(result.trace, case, length, itemsize=8)
 
 
 def check_ring_trace(trace, case, length, itemsize):
     """Checks 3-6 on the trace of a ring AllReduce of ``length`` elements."""
     n = case.world_size
-    for e in trace:
-        if n > 2 and e.dst not in ((e.src + 1) % n, (e.src - 1) % n):
-            # A hub that is an end of every message: a central (parameter-server) reduction.
-            hub = next((r for r in range(n) if all(r in (x.src, x.dst) for x in trace)), None)
-            central = hub is not None
-            return Failure(
-                case.label, "messages go only between ring neighbours",
-                f"at step {e.step} rank {e.src} sent to rank {e.dst}, which is not its neighbour "
-                f"(the neighbours of rank {e.src} are ranks {(e.src - 1) % n} and {(e.src + 1) % n})",
-                expected="every message to (rank + 1) % N or (rank - 1) % N",
-                got=f"rank {e.src} -> rank {e.dst}",
-                hint=(f"Every message goes to or from rank {hub}: that is a central reduction through one "
-                      f"rank (its link carries 2(N-1) whole vectors), not a ring AllReduce."
-                      if central else "In a ring each rank only talks to the rank on its left and on its right."))
-    if length < n:
-        return None
+    failure = checks.ring_neighbours(
+        trace, case, "ring AllReduce",
+        "a central reduction through one rank (its link carries 2(N-1) whole vectors)")
+    if failure or length < n:
+        return failure
     max_chunk = -(-length // n) * itemsize
-    for e in trace:
-        if e.nbytes > max_chunk:
-            whole = e.nbytes >= length * itemsize
-            return Failure(
-                case.label, "one chunk per message",
-                f"at step {e.step} rank {e.src} sent rank {e.dst} {e.nbytes} bytes"
-                + (" (the whole vector)" if whole else ""),
+    want = 2 * (n - 1)
+    optimal = 2 * (n - 1) * length * itemsize
+    return (checks.message_bytes(
+                trace, case, max_chunk, check="one chunk per message", whole=length * itemsize,
+                itemsize=itemsize,
                 expected=f"at most one chunk: ceil({length}/{n}) = {max_chunk // itemsize} elements, {max_chunk} bytes",
-                got=f"{e.nbytes // itemsize} elements",
                 hint="Split the vector into world_size chunks (np.array_split) and send one chunk "
                      "per step; sending whole vectors costs N times the bandwidth.")
-    want = 2 * (n - 1)
-    if trace.steps != want:
-        return Failure(case.label, "exactly 2(N-1) steps",
-                       f"the program took {trace.steps} steps",
-                       expected=f"2 * ({n} - 1) = {want} steps: N-1 of reduce-scatter, N-1 of all-gather",
-                       got=f"{trace.steps} steps",
-                       hint="Each phase loops world_size - 1 times." if trace.steps != 0 else None)
-    for step in range(1, want + 1):
-        evs = trace.at_step(step)
-        senders = [e.src for e in evs]
-        receivers = [e.dst for e in evs]
-        for r in range(n):
-            s, g = senders.count(r), receivers.count(r)
-            if s != 1 or g != 1:
-                return Failure(case.label, "every rank sends one and receives one message per step",
-                               f"at step {step} rank {r} sent {s} and received {g} message(s)",
-                               expected="1 sent and 1 received, at every step, on every rank",
-                               got=f"step {step}: " + ", ".join(f"{e.src}->{e.dst}" for e in evs),
-                               hint="In every step all ranks pass one chunk to the same side at once; "
-                                    "no rank may sit out or send twice.")
-    optimal = 2 * (n - 1) * length * itemsize
-    if trace.total_bytes != optimal:
-        return Failure(case.label, "bandwidth-optimal bytes",
-                       f"the program moved {trace.total_bytes} bytes in total",
-                       expected=f"2(N-1) * L * 8 = {optimal} bytes (every chunk passes N-1 links in each phase)",
-                       got=f"{trace.total_bytes} bytes",
-                       hint="Send each chunk exactly as np.array_split makes it.")
-    return None
+            or checks.exact_steps(
+                trace, case, want, check="exactly 2(N-1) steps",
+                expected=f"2 * ({n} - 1) = {want} steps: N-1 of reduce-scatter, N-1 of all-gather",
+                hint="Each phase loops world_size - 1 times.")
+            or checks.one_send_one_recv_per_step(trace, case, want)
+            or checks.total_bytes(
+                trace, case, optimal,
+                expected=f"2(N-1) * L * 8 = {optimal} bytes (every chunk passes N-1 links in each phase)",
+                hint="Send each chunk exactly as np.array_split makes it."))
 
 
-def _wrong_sum(program, case, rank, out, total):
+def _wrong_sum(program, case, rank, out, total, trace):
     """Explain a wrong result exactly, using the contribution probe."""
     n, length = case.world_size, len(case.inputs[0])
     bad = np.flatnonzero(out != total)
@@ -129,6 +96,10 @@ def _wrong_sum(program, case, rank, out, total):
     fail = Failure(case.label, "every rank ends with the sum of all inputs",
                    f"rank {rank} has wrong values at {len(bad)} of {length} elements ({where})",
                    expected=f"{total[bad[:4]]}...", got=f"{out[bad[:4]]}...")
+    steps = _steps_note(trace, case)
+    if steps:
+        fail.what += "\n" + steps
+        fail.hint = "Each phase loops world_size - 1 times: N-1 steps of reduce-scatter, then N-1 of all-gather."
     if n > contrib.MAX_WORLD:
         return fail
     probe = Case(n, contrib.probe_inputs(n, length), case.label)
@@ -163,19 +134,30 @@ def _wrong_sum(program, case, rank, out, total):
         what = f"rank {r}, element {i} holds the sum meant for element {dec[i][1]}: a chunk landed in the wrong slot"
     fail.what = f"world_size {n}: {what}"
     fail.expected = "every element: each rank's contribution exactly once"
-    fail.got = (f"{span} on rank {r} holds contributions of {contrib.holders(dec[i][0])}"
+    fail.got = (f"{span} on rank {r} {'hold' if i != j else 'holds'} the contributions of "
+                f"{contrib.holders(dec[i][0])}"
                 if dec[i] is not None else f"{o[i]!r}")
     # 2. the first message that was already wrong
     step_note, hint = _first_bad_message(res, n, length)
     if step_note:
         fail.what += "\nFirst went wrong: " + step_note
+    if steps:
+        fail.what += "\n" + steps
     tail = length % n
     if hint is None and tail and i >= length - tail:
-        hint = (f"Only the last {tail} elements are wrong: does your code assume the length divides by "
+        hint = (f"Only the last {tail} element{'s are' if tail > 1 else ' is'} wrong: does your code assume the length divides by "
                 f"world_size? np.array_split(x, world_size) makes chunks of unequal size.")
-    fail.hint = hint or ("Write down, for N=3, which chunk each rank sends and receives at each step, "
+    fail.hint = hint or fail.hint or ("Write down, for N=3, which chunk each rank sends and receives at each step, "
                          "and compare with your index formulas.")
     return fail
+
+
+def _steps_note(trace, case):
+    """'Also: it took 5 steps ...' when the step count is off too, else ''."""
+    want = 2 * (case.world_size - 1)
+    if len(case.inputs[0]) < case.world_size or trace.steps == want:
+        return ""
+    return f"Also: the program took {trace.steps} steps; a ring AllReduce takes 2(N-1) = {want}."
 
 
 def _first_bad_message(res, n, length):
