@@ -1,0 +1,129 @@
+"""Trace checks shared by the graders.
+
+Each takes the trace of a run and the ``Case``, and returns ``None`` when the
+trace passes or a ``Failure`` naming the check, the step and ranks where it
+broke, what was expected, what happened and what to try. The wording is the
+graders' (the book shows it), so callers pass the parts that depend on the
+exercise: the algorithm's name, the expected step count, the hint.
+"""
+
+from .report import Failure
+
+
+def ring_neighbours(trace, case, algorithm, hub_text, hint=None):
+    """Every message goes to (rank + 1) % N or (rank - 1) % N (any message is
+    fine when N <= 2). ``hub_text`` names the central scheme, shown when one rank
+    is an end of every message: "a central reduction through one rank (...)"."""
+    n = case.world_size
+    for e in trace:
+        if n > 2 and e.dst not in ((e.src + 1) % n, (e.src - 1) % n):
+            # A hub that is an end of every message: a central (parameter-server) scheme.
+            hub = next((r for r in range(n) if all(r in (x.src, x.dst) for x in trace)), None)
+            if hub is not None:
+                hint = f"Every message goes to or from rank {hub}: that is {hub_text}, not a {algorithm}."
+            return Failure(
+                case.label, "messages go only between ring neighbours",
+                f"at step {e.step} rank {e.src} sent to rank {e.dst}, which is not its neighbour "
+                f"(the neighbours of rank {e.src} are ranks {(e.src - 1) % n} and {(e.src + 1) % n})",
+                expected="every message to (rank + 1) % N or (rank - 1) % N",
+                got=f"rank {e.src} -> rank {e.dst}",
+                hint=hint or "In a ring each rank only talks to the rank on its left and on its right.")
+    return None
+
+
+def message_bytes(trace, case, limit, *, check, expected, hint, whole=None, itemsize=8):
+    """No message is bigger than ``limit`` bytes; a message of at least ``whole``
+    bytes is called "the whole vector"."""
+    for e in trace:
+        if e.nbytes > limit:
+            return Failure(
+                case.label, check,
+                f"at step {e.step} rank {e.src} sent rank {e.dst} {e.nbytes} bytes"
+                + (" (the whole vector)" if whole is not None and e.nbytes >= whole else ""),
+                expected=expected, got=f"{e.nbytes // itemsize} elements", hint=hint)
+    return None
+
+
+def exact_steps(trace, case, want, *, check, expected, hint):
+    """The trace takes exactly ``want`` steps. ``hint`` is not shown for a trace
+    without messages (nothing to loop over)."""
+    if trace.steps != want:
+        return Failure(case.label, check, f"the program took {trace.steps} steps",
+                       expected=expected, got=f"{trace.steps} steps",
+                       hint=hint if trace.steps != 0 else None)
+    return None
+
+
+def one_send_one_recv_per_step(trace, case, steps, hint=("In every step all ranks pass one chunk to the "
+                                                         "same side at once; no rank may sit out or send twice.")):
+    """In each of steps 1..``steps`` every rank sends exactly one message and receives exactly one."""
+    n = case.world_size
+    for step in range(1, steps + 1):
+        evs = trace.at_step(step)
+        senders = [e.src for e in evs]
+        receivers = [e.dst for e in evs]
+        for r in range(n):
+            s, g = senders.count(r), receivers.count(r)
+            if s != 1 or g != 1:
+                return Failure(case.label, "every rank sends one and receives one message per step",
+                               f"at step {step} rank {r} sent {s} and received {g} message(s)",
+                               expected="1 sent and 1 received, at every step, on every rank",
+                               got=f"step {step}: " + ", ".join(f"{e.src}->{e.dst}" for e in evs),
+                               hint=hint)
+    return None
+
+
+def total_bytes(trace, case, want, *, expected, hint):
+    """The trace moves exactly ``want`` bytes in total."""
+    if trace.total_bytes != want:
+        return Failure(case.label, "bandwidth-optimal bytes",
+                       f"the program moved {trace.total_bytes} bytes in total",
+                       expected=expected, got=f"{trace.total_bytes} bytes", hint=hint)
+    return None
+
+
+# -- broadcasts ---------------------------------------------------------------------
+
+def broadcast_receives(trace, case, root, shape_hint=None):
+    """The root receives nothing, and every other rank receives exactly one message."""
+    n = case.world_size
+    counts = [0] * n
+    for e in trace:
+        if e.dst == root:
+            return Failure(case.label, "the root receives nothing",
+                           f"at step {e.step} rank {e.src} sent a message to the root, rank {root}",
+                           expected=f"no message to rank {root}: it has the data from the start",
+                           got=e.describe(),
+                           hint="Count positions from the root, i = (rank - root) % N, so that the root "
+                                "is position 0 and has no parent; and send nothing back up the tree.")
+        counts[e.dst] += 1
+    for r in range(n):
+        if r != root and counts[r] != 1:
+            got = [e for e in trace if e.dst == r]
+            return Failure(case.label, "every rank except the root receives exactly once",
+                           f"rank {r} received {counts[r]} messages",
+                           expected="one message per rank: the whole vector, from its parent",
+                           got="; ".join(e.describe() for e in got) or "nothing",
+                           hint=shape_hint or "Send the whole vector in one message to each child, once.")
+    return None
+
+
+def broadcast_shape(trace, n, root):
+    """A name for the pattern of a broadcast's messages, to explain a failure:
+    'flat', 'chain', 'binary tree', 'binary tree around rank 0', 'binomial tree'
+    or None. Positions are counted from the root."""
+    if not len(trace):
+        return None
+    pos = [((e.src - root) % n, (e.dst - root) % n) for e in trace]
+    if all(p == 0 for p, _ in pos):
+        return "flat"
+    if all(c == p + 1 for p, c in pos):
+        return "chain"
+    if all(c in (2 * p + 1, 2 * p + 2) for p, c in pos):
+        return "binary tree"
+    if root and all(e.dst in (2 * e.src + 1, 2 * e.src + 2) for e in trace):
+        return "binary tree around rank 0"
+    # binomial: the parent of position c is c minus one of its set bits (either labelling)
+    if all(p < c and (c - p) & (c - p - 1) == 0 and c & (c - p) for p, c in pos):
+        return "binomial tree"
+    return None
