@@ -1,0 +1,119 @@
+"""Follow AlltoAll blocks through a trace, whatever the program calls them.
+
+The AlltoAll graders give every element of every block a different value, so
+the payload of any message reads back as the set of blocks it carries, and
+whether it carries them whole, even when the program stacks, concatenates or
+reorders them and labels nothing. Values that belong to no block (a header a
+program adds, say) are ignored.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from .report import Case, Failure, run_case
+
+
+def cases(rng):
+    """Shared by ``alltoall`` and ``ring_alltoall``: blocks of one length per case."""
+    for n in (4, 3, 5, 6, 7, 8, 2, 1):
+        for length in ([2, 1] if n > 1 else [3]):
+            # Distinct values, none of them a whole number (so small integer headers never match).
+            values = rng.choice(10**6, size=n * n * length, replace=False) + 0.5
+            values = values.reshape(n, n, length)
+            inputs = [[values[r, c].copy() for c in range(n)] for r in range(n)]
+            yield Case(n, inputs, f"world_size={n}, block length={length}")
+
+
+def index(case):
+    """value -> (src, dst, element) for every element of every block of the case."""
+    return {float(v): (s, d, j) for s, row in enumerate(case.inputs)
+            for d, block in enumerate(row) for j, v in enumerate(block)}
+
+
+def contents(payload, idx):
+    """{(src, dst): number of that block's elements} in one message."""
+    found = defaultdict(set)
+    for v in np.asarray(payload).ravel().tolist():
+        hit = idx.get(v) if isinstance(v, float) else None
+        if hit is not None:
+            found[hit[:2]].add(hit[2])
+    return {b: len(js) for b, js in found.items()}
+
+
+def name(block):
+    return f"block {block[0]}->{block[1]}"
+
+
+def run_and_check_result(program, case, backend, missing_hint):
+    """Checks 1-2 of both AlltoAll graders: (result, None) or (None, Failure).
+    ``missing_hint`` is the hint for a slot that holds None (nothing arrived)."""
+    result, failure = run_case(program, case, backend, record_payloads=backend == "sim")
+    if failure:
+        return None, failure
+    n, idx = case.world_size, index(case)
+    for r, out in enumerate(result.outputs):
+        if not isinstance(out, (list, tuple)) or len(out) != n:
+            return None, Failure(
+                case.label, "every rank returns its received blocks",
+                f"rank {r} returned {type(out).__name__}" + (f" of length {len(out)}" if hasattr(out, "__len__") else ""),
+                expected=f"a list of {n} arrays: out[c] = the block rank c sent to rank {r}",
+                got=repr(out)[:200])
+        for c, got in enumerate(out):
+            want = case.inputs[c][r]
+            if isinstance(got, np.ndarray) and got.shape == want.shape and np.array_equal(got, want):
+                continue
+            held = idx.get(float(np.ravel(got)[0])) if isinstance(got, np.ndarray) and got.size else None
+            hint = "out[c] must be what rank c sent to you: rank c's blocks[your rank]."
+            if got is None:
+                holds, hint = "None: nothing was stored there", missing_hint
+            elif held is None:
+                holds = "something that is not a block" + (f" (shape {got.shape})" if isinstance(got, np.ndarray) else "")
+            else:
+                holds = f"{name(held[:2])}"
+                if held[:2] == (r, c):
+                    hint = ("That is your own block for rank c, blocks[c]: you kept what you send instead "
+                            "of what you received.")
+                elif held[1] == r:
+                    hint = (f"The block is for you, but it came from rank {held[0]}: put the block "
+                            f"received from rank c at out[c].")
+            return None, Failure(case.label, "every rank ends with the block each rank sent it",
+                                 f"rank {r}'s out[{c}] holds {holds}",
+                                 expected=f"{name((c, r))}: {want}", got=repr(got)[:120], hint=hint)
+    return result, None
+
+
+def hops(case, result):
+    """(failure, {block: [events that carried it]}): messages must carry whole
+    blocks, and at least one block each."""
+    idx = index(case)
+    carried = defaultdict(list)
+    length = len(case.inputs[0][0])
+    for e in result.trace:
+        found = contents(result.payloads[(e.src, e.dst, e.tag, e.seq)], idx)
+        if not found:
+            return Failure(case.label, "every message carries blocks",
+                           f"at step {e.step} rank {e.src} sent rank {e.dst} a message with no block in it",
+                           expected="every message: one or more whole blocks", got=e.describe(),
+                           hint="Send only blocks; there is nothing else to send."), None
+        for block, count in found.items():
+            if count != length:
+                return Failure(case.label, "blocks travel whole",
+                               f"at step {e.step} rank {e.src} sent rank {e.dst} {count} of the {length} "
+                               f"elements of {name(block)}",
+                               expected=f"whole blocks of {length} elements", got=f"{count} elements",
+                               hint="Send each block whole, in one message."), None
+            carried[block].append(e)
+    return None, carried
+
+
+def own_block_travels(case, e, block, hint=None):
+    """The Failure for a rank sending its block for itself (``block`` = (r, r))."""
+    return Failure(case.label, "a rank's own block never travels",
+                   f"at step {e.step} rank {e.src} sent rank {e.dst} {name(block)}, "
+                   f"rank {block[0]}'s block for itself",
+                   expected=f"{name(block)} stays on rank {block[0]}: out[rank] = blocks[rank]",
+                   got=e.describe(),
+                   hint=hint or "Keep blocks[rank] for yourself and send only the other blocks.")

@@ -1,0 +1,179 @@
+"""Grader for exercise ``ring_reduce_scatter``.
+
+Signature: ``program(comm, x) -> array``. ``x`` is this rank's float64 vector
+(every rank's has the same length L, which need not divide by N). Rank r
+returns chunk r of the element-wise sum of all ranks' ``x``, the chunks cut as
+``numpy.array_split(sum, N)`` cuts them (the first L % N chunks one longer).
+
+Checks, on world sizes 1 to 8 and several lengths, with fresh random data:
+
+1. it runs: no exception, deadlock, endless loop or unreceived message;
+2. rank r returns exactly chunk r of the sum (wrong sums are diagnosed:
+   which ranks' contributions are missing or counted twice, or which chunk
+   a rank holds instead, and the first message that went wrong);
+3. it is a ring: messages only between ring neighbours;
+4. one chunk per message (at most ceil(L/N) elements), never the whole vector;
+5. exactly N-1 steps, and every rank sends one and receives one message
+   in every step;
+6. total bytes (N-1) L * 8: every chunk crosses N-1 links.
+
+Any correct ring ReduceScatter passes: either direction, send/recv or
+isend/irecv or sendrecv, in place or not, labelled or not. Checks 4-6 apply
+when L >= N (shorter vectors have empty chunks, which a program may skip).
+"""
+
+import numpy as np
+
+from . import checks, contributions as contrib
+from .report import Case, Failure, run_case
+from ..world import run
+
+NAME = "ring_reduce_scatter"
+
+
+def cases(rng):
+    for n in (4, 3, 5, 6, 7, 8, 2, 1):
+        lengths = [3 * n, 3 * n + 1] if n > 1 else [5]
+        if n in (3, 5):
+            lengths.append(n - 1)     # shorter than the world: some chunks are empty
+        if n == 4:
+            lengths.append(0)
+        for length in lengths:
+            # Whole numbers in float64: every summation order gives the exact sum.
+            inputs = [rng.integers(-1000, 1000, length).astype(np.float64) for _ in range(n)]
+            yield Case(n, inputs, f"world_size={n}, length={length}")
+
+
+def check(program, case, backend="sim"):
+    n, length = case.world_size, len(case.inputs[0])
+    result, failure = run_case(program, case, backend)
+    if failure:
+        return failure
+    want = np.array_split(np.sum(case.inputs, axis=0), n)
+    for r, out in enumerate(result.outputs):
+        failure = _check_shape(case, r, out, want[r], length)
+        if failure:
+            return failure
+    for r, out in enumerate(result.outputs):
+        if not np.array_equal(out, want[r]):
+            return _wrong_sum(program, case, r, out, want[r])
+    failure = checks.ring_neighbours(
+        result.trace, case, "ring ReduceScatter",
+        "a central reduction through one rank (its link carries N-1 whole vectors)")
+    if failure or length < n:
+        return failure
+    trace, max_chunk = result.trace, -(-length // n) * 8
+    return (checks.message_bytes(
+                trace, case, max_chunk, check="one chunk per message", whole=length * 8,
+                expected=f"at most one chunk: ceil({length}/{n}) = {max_chunk // 8} elements, {max_chunk} bytes",
+                hint="Split the vector into world_size chunks (np.array_split) and send one chunk "
+                     "per step; sending whole vectors costs N times the bandwidth.")
+            or checks.exact_steps(
+                trace, case, n - 1, check="exactly N-1 steps",
+                expected=f"{n} - 1 = {n - 1} steps: a chunk collects one contribution per link",
+                hint="Loop world_size - 1 times. (A ReduceScatter is the first half of a ring "
+                     "AllReduce: no all-gather phase.)")
+            or checks.one_send_one_recv_per_step(trace, case, n - 1)
+            or checks.total_bytes(
+                trace, case, (n - 1) * length * 8,
+                expected=f"(N-1) * L * 8 = {(n - 1) * length * 8} bytes (every chunk crosses N-1 links)",
+                hint="Send each chunk exactly as np.array_split makes it."))
+
+
+def _check_shape(case, r, out, want, length):
+    if not isinstance(out, np.ndarray):
+        return Failure(case.label, "every rank returns its result", f"rank {r} returned {type(out).__name__}",
+                       expected=f"a numpy array: chunk {r} of the sum, shape {want.shape}",
+                       got=repr(out)[:200], hint="End your program with `return` of your chunk.")
+    if out.shape != want.shape:
+        whole = out.shape == (length,) and length != len(want)
+        return Failure(case.label, "every rank returns its result",
+                       f"rank {r} returned an array of shape {out.shape}"
+                       + (" (the whole vector)" if whole else ""),
+                       expected=f"shape {want.shape}: chunk {r} of np.array_split(sum, {case.world_size})",
+                       got=f"shape {out.shape}",
+                       hint="Return only your own chunk: np.array_split(vector, world_size)[rank]."
+                       if whole else None)
+    return None
+
+
+def _wrong_sum(program, case, rank, out, want):
+    """Explain a wrong chunk exactly, using the contribution probe."""
+    n, length = case.world_size, len(case.inputs[0])
+    bad = np.flatnonzero(out != want)
+    fail = Failure(case.label, "rank r ends with chunk r of the sum of all inputs",
+                   f"rank {rank} has wrong values at {len(bad)} of {len(want)} elements of its chunk",
+                   expected=f"{want[bad[:4]]}...", got=f"{out[bad[:4]]}...")
+    if n > contrib.MAX_WORLD:
+        return fail
+    try:
+        res = run(program, contrib.probe_inputs(n, length), record_payloads=True, timeout=10.0)
+    except Exception:   # noqa: BLE001 - it ran on random data, so a probe failure just means no detail
+        return fail
+    starts = np.cumsum([0] + [len(c) for c in np.array_split(np.zeros(length), n)])
+    ones = (1,) * n
+    decoded = [contrib.decode(o, n) if isinstance(o, np.ndarray) else [] for o in res.outputs]
+    # 1. The first element that is not "every rank's contribution, once".
+    for r, dec in enumerate(decoded):
+        j = next((j for j, d in enumerate(dec) if d is None or d[0] != ones), None)
+        if j is not None:
+            if dec[j] is None:
+                fail.what = f"world_size {n}: rank {r}, element {j} of its chunk is not a sum of inputs"
+            else:
+                fail.what = f"world_size {n}: rank {r}, element {j} of its chunk: {contrib.describe(dec[j][0], ones)}"
+                fail.expected = "every element: each rank's contribution exactly once"
+                fail.got = f"contributions of {contrib.holders(dec[j][0])}"
+            break
+    # 2. Complete sums, but of the wrong chunk? (the position part of the probe says which)
+    held = [int(np.searchsorted(starts, dec[0][1], side="right") - 1)
+            if dec and all(d is not None and d[0] == ones for d in dec) and dec[0][1] is not None else None
+            for dec in decoded]
+    if all(h is not None for h in held) and held != list(range(n)):
+        r = next(r for r in range(n) if held[r] != r)
+        fail.what = f"world_size {n}: rank {r} ends with the sum of chunk {held[r]}, not of chunk {r}"
+        fail.expected, fail.got = f"rank r holds chunk r: {list(range(n))}", f"chunks held: {held}"
+        fail.hint = ("Each rank ends with the chunk it adds into in the last step. Ring AllReduce's "
+                     "first phase leaves chunk (r + 1) % N on rank r; here rank r must end with chunk r: "
+                     "start one chunk earlier, sending chunk (rank - 1 - k) % N at step k."
+                     if held == [(r + 1) % n for r in range(n)] else
+                     "Each rank ends with the chunk it adds into in the last step: work backwards "
+                     "from 'rank r adds into chunk r at step N-1'.")
+        return fail
+    note, hint = _first_bad_message(res, n)
+    if note:
+        fail.what += "\nFirst went wrong: " + note
+    fail.hint = hint or ("Write down, for N=3, which chunk each rank sends and receives at each step, "
+                         "and compare with your index formulas.")
+    return fail
+
+
+def _first_bad_message(res, n):
+    """In a ring ReduceScatter the message of step s carries s contributions, each
+    once, for one contiguous range of positions. Find the first that doesn't."""
+    for e in res.trace:
+        payload = res.payloads[(e.src, e.dst, e.tag, e.seq)]
+        if not payload.size:
+            continue
+        dec = contrib.decode(payload, n)
+        if any(d is None for d in dec):
+            return f"step {e.step}: rank {e.src} sent rank {e.dst} values that are not sums of inputs", None
+        positions = [d[1] for d in dec]
+        if None in positions or positions != list(range(positions[0], positions[0] + len(positions))):
+            return (f"step {e.step}: rank {e.src} sent rank {e.dst} a chunk that mixes elements from "
+                    f"different places of the vector: a received chunk was added into the wrong slot",
+                    "The chunk you receive at step k is the one your left neighbour sent at step k: "
+                    "compute its index from the neighbour's rank, not from your own.")
+        for coeffs, _ in dec:
+            if max(coeffs) > 1:
+                return (f"step {e.step}: rank {e.src} sent rank {e.dst} a chunk in which "
+                        f"{contrib.describe(coeffs, tuple(int(c > 0) for c in coeffs))}",
+                        "A contribution is added twice: check which chunk index you send and which "
+                        "you add into.")
+            if sum(coeffs) != e.step:
+                hint = (f"Rank {e.src}'s own contribution is gone: add the received chunk into yours "
+                        f"(chunk += received); replacing it drops yours." if not coeffs[e.src] else
+                        "The chunk a rank sends at step k+1 must be the one it added into at step k.")
+                return (f"step {e.step}: rank {e.src} sent rank {e.dst} a chunk holding {sum(coeffs)} "
+                        f"contribution(s) ({contrib.holders(coeffs)}); at step {e.step} a ring "
+                        f"ReduceScatter message holds {e.step}", hint)
+    return None, None
