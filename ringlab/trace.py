@@ -207,6 +207,23 @@ class Trace:
         return cls([Event.from_dict(e) for e in d["events"]], d["world_size"],
                    [Span(**s) for s in d.get("spans", [])])
 
+    def show(self, **options):
+        """An interactive player for this trace (displays in a notebook; see
+        ``ringlab.player``). Options: ``layout=``, ``title=``, ``detail_limit=``."""
+        from .player import TracePlayer       # lazy: the trace itself needs no HTML
+        return TracePlayer(self, **options)
+
+    def save_html(self, path, **options):
+        """Write the player as a standalone, offline ``.html`` file; returns the path."""
+        from .player import save_html
+        return save_html(self, path, **options)
+
+    def to_chrome_trace(self, time_model=None, **options):
+        """The trace as Chrome Trace Event JSON (a dict) for Perfetto or
+        chrome://tracing; see ``ringlab.timeline`` for time models."""
+        from .timeline import to_chrome_trace
+        return to_chrome_trace(self, time_model, **options)
+
     def table(self, limit=None):
         """A table of the events (plain text with ``str()``, HTML in a notebook)."""
         return TraceTable(self, limit)

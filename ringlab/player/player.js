@@ -1,0 +1,372 @@
+/* ringlab trace player: draws one trace, one step at a time.
+ *
+ * Every rank is a box (placed by Python: ring, tree, line or circle) holding its
+ * buffer as chunk cells, coloured by how many ranks' contributions the chunk
+ * holds after the step. Every message of the step is an arrow labelled with its
+ * chunk and op. Plain JavaScript and SVG, no libraries, no network: the same code
+ * runs in a notebook output, in the built book and in a saved .html file.
+ * Python (ringlab/player/__init__.py) builds `data`; see player_data() there.
+ */
+(function () {
+  "use strict";
+  if (window.RinglabPlayer) return;      // several players on one page share this code
+
+  var SVGNS = "http://www.w3.org/2000/svg";
+  // Same colours as ringlab.figures (matplotlib's tab:blue, tab:green, tab:gray).
+  var OP_COLOURS = { reduce: "#1f77b4", copy: "#2ca02c" };
+  var OTHER = "#7f7f7f";
+  var BASE_MS = 1000;                    // speed 1x = one step per second
+  var MAX_ARROWS = 300;                  // more would be a solid blur; the list says how many
+  var MAX_LISTED = 24;
+
+  function make(ns, tag, attrs, parent, text) {
+    var node = ns ? document.createElementNS(ns, tag) : document.createElement(tag);
+    for (var k in attrs) node.setAttribute(k, attrs[k]);
+    if (text !== undefined) node.textContent = text;
+    if (parent) parent.appendChild(node);
+    return node;
+  }
+  function svg(tag, attrs, parent, text) { return make(SVGNS, tag, attrs, parent, text); }
+  function el(tag, attrs, parent, text) { return make(null, tag, attrs, parent, text); }
+
+  // Who contributed to a chunk comes as a hex bit mask (bit r = rank r), so any
+  // world size fits in a short string. These read it back.
+  function ranksOf(hex) {
+    var out = [];
+    for (var i = 0; i < hex.length; i++) {
+      var digit = parseInt(hex.charAt(hex.length - 1 - i), 16);
+      for (var b = 0; b < 4; b++) if (digit & (1 << b)) out.push(4 * i + b);
+    }
+    return out;
+  }
+
+  // Pale (only its own contribution) to deep blue; green once complete, as in
+  // ringlab.views.holdings_table.
+  function fillColour(fraction, complete) {
+    if (complete) return "#1a9850";
+    var a = [238, 243, 251], b = [33, 102, 172];
+    var rgb = a.map(function (v, i) { return Math.round(v + (b[i] - v) * fraction); });
+    return "rgb(" + rgb.join(",") + ")";
+  }
+
+  // Copy-only traces (broadcast, all-gather) move data without adding: there a
+  // chunk shows *whose* data it holds, one light colour per origin rank.
+  var ORIGIN = ["#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5",
+                "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#c7c7c7"];
+  var OWN = "#f4f6f9";
+
+  function Player(root, data) {
+    this.root = root;
+    this.d = data;
+    this.uid = root.id;
+    this.step = 0;
+    this.timer = null;
+    this.speed = 1;
+    // Events grouped by step; event = [step, src, dst, chunk index, op index, bytes, span index]
+    this.byStep = [];
+    for (var s = 0; s <= data.steps; s++) this.byStep.push([]);
+    data.events.forEach(function (e) { this.byStep[e[0]].push(e); }, this);
+    this.states = this.replay();
+    this.moveOnly = !!data.holdings && data.holdings.mode === "detail" && data.ops.length > 0 &&
+      data.ops.every(function (op) { return op === "copy"; });
+    this.build();
+    this.show(0);
+  }
+
+  // Holdings arrive as the cells that changed at each step; rebuild the full
+  // state of every step once, so that jumping around with the slider is instant.
+  Player.prototype.replay = function () {
+    var h = this.d.holdings;
+    if (!h) return null;
+    if (h.mode === "aggregate") return h.held;
+    var state = h.start.slice(), states = [];
+    h.changes.forEach(function (changed) {
+      state = state.slice();
+      changed.forEach(function (c) { state[c[0] * this.d.chunks.length + c[1]] = c[2]; }, this);
+      states.push(state);
+    }, this);
+    return states;
+  };
+
+  // Where everything goes: a box per rank sized to its grid of chunk cells,
+  // spaced so that neighbours never overlap, and the viewBox around them all.
+  Player.prototype.geometry = function (mode) {
+    var d = this.d, n = d.worldSize, nChunks = d.chunks.length, big = n > d.detailLimit;
+    var cols = mode === "detail" ? (nChunks <= 8 ? nChunks : Math.ceil(Math.sqrt(nChunks))) : 1;
+    var rows = mode === "detail" ? Math.ceil(nChunks / cols) : (mode === "aggregate" ? 1 : 0);
+    var cell = mode === "detail" ? (n <= 8 ? 22 : n <= 16 ? 16 : 10) : 16;
+    var chunkRow = mode === "detail" && cell >= 16 && nChunks <= 8;   // room to name the chunks
+    var boxW = Math.max(cols * cell, big ? 16 : 30) + 8;
+    var boxH = rows * cell + (big ? 18 : 22) + (chunkRow ? 9 : 0);
+    var gap = big ? 10 : 46, kind = d.layout.kind;
+    var centres = d.layout.positions.map(function (p) {
+      if (kind === "tree") return { x: p[0] * (boxW + gap), y: p[1] * (boxH + 80) };
+      if (kind === "line") return { x: p[0] * (boxW + gap + 80), y: 0 };
+      var radius = n < 2 ? 0 : Math.max(140, (Math.max(boxW, boxH) + gap) / (2 * Math.sin(Math.PI / n)));
+      return { x: p[0] * radius, y: p[1] * radius };
+    });
+    var margin = 60, xs = centres.map(function (c) { return c.x; }), ys = centres.map(function (c) { return c.y; });
+    var x0 = Math.min.apply(null, xs) - boxW / 2 - margin, y0 = Math.min.apply(null, ys) - boxH / 2 - margin;
+    var w = Math.max.apply(null, xs) - x0 + boxW / 2 + margin, h = Math.max.apply(null, ys) - y0 + boxH / 2 + margin;
+    // The SVG is scaled to fit its width; pick the font size that ends up ~11 px on screen.
+    var shownWidth = Math.min(760, Math.max(w * 1.25, 480));
+    return { centres: centres, boxW: boxW, boxH: boxH, cell: cell, cols: cols, rows: rows, chunkRow: chunkRow,
+             viewBox: [x0, y0, w, h], shownWidth: shownWidth, font: Math.max(10, 11 * w / shownWidth) };
+  };
+
+  Player.prototype.build = function () {
+    var d = this.d, n = d.worldSize, nChunks = d.chunks.length, self = this;
+    var mode = d.holdings ? d.holdings.mode : "none";
+    this.root.innerHTML = "";            // drop the "needs JavaScript" fallback text
+    this.root.setAttribute("data-ready", "1");
+    this.root.setAttribute("data-layout", d.layout.kind);
+    this.root.tabIndex = 0;
+    el("div", { "class": "rlp-title" }, this.root, d.title);
+
+    var geo = this.geo = this.geometry(mode), boxW = geo.boxW, boxH = geo.boxH, cell = geo.cell;
+    var cols = geo.cols, rows = geo.rows, centres = geo.centres, chunkRow = geo.chunkRow;
+    this.font = geo.font;
+
+    var s = svg("svg", { "class": "rlp-svg", viewBox: geo.viewBox.join(" "), role: "img",
+                         "aria-label": d.title, style: "max-width:" + geo.shownWidth + "px" }, this.root);
+    // Arrowheads: one marker per colour, ids prefixed with this player's id so that
+    // two players on one page never pick up each other's markers.
+    var defs = svg("defs", {}, s);
+    this.colours = d.ops.map(function (op) { return OP_COLOURS[op] || OTHER; }).concat([OTHER]);
+    this.colours.forEach(function (colour, i) {
+      var m = svg("marker", { id: self.uid + "-head" + i, viewBox: "0 0 10 10", refX: 9, refY: 5,
+                               markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" }, defs);
+      svg("path", { d: "M0,0 L10,5 L0,10 z", fill: colour }, m);
+    });
+    var links = svg("g", { "class": "rlp-links" }, s);
+    d.layout.links.forEach(function (l) {
+      var a = centres[l[0]], b = centres[l[1]];
+      svg("line", { x1: a.x, y1: a.y, x2: b.x, y2: b.y }, links);
+    });
+
+    this.cells = [];
+    var nodes = svg("g", { "class": "rlp-ranks" }, s);
+    centres.forEach(function (c, r) {
+      var g = svg("g", { "class": "rlp-rank", "data-rank": r,
+                         transform: "translate(" + (c.x - boxW / 2) + "," + (c.y - boxH / 2) + ")" }, nodes);
+      svg("rect", { "class": "rlp-box", width: boxW, height: boxH, rx: 4 }, g);
+      svg("text", { x: boxW / 2, y: 13, "class": "rlp-rank-label", "font-size": 11 }, g,
+          n > d.detailLimit ? String(r) : "rank " + r);
+      var mine = [];
+      for (var k = 0; k < (mode === "detail" ? nChunks : rows); k++) {
+        var x = 4 + (k % cols) * cell, y = 18 + Math.floor(k / cols) * cell;
+        var rect = svg("rect", { "class": "rlp-cell", x: x, y: y, width: cell - 2, height: cell - 2,
+                                 "data-chunk": mode === "detail" ? d.chunks[k] : "all" }, g);
+        var tip = svg("title", {}, rect);
+        var label = cell >= 16 && mode === "detail" ?
+          svg("text", { x: x + cell / 2 - 1, y: y + cell / 2 + 3, "class": "rlp-count", "font-size": cell * 0.5 }, g) : null;
+        if (chunkRow) svg("text", { x: x + cell / 2 - 1, y: y + cell + 7, "class": "rlp-chunk-label", "font-size": 7 }, g, "c" + d.chunks[k]);
+        mine.push({ rect: rect, tip: tip, label: label });
+      }
+      self.cells.push(mine);
+    });
+    this.arrows = svg("g", { "class": "rlp-arrows" }, s);
+    this.buildControls();
+    this.caption = el("div", { "class": "rlp-caption" }, this.root);
+    this.list = el("ul", { "class": "rlp-messages" }, this.root);
+    this.buildLegend(mode);
+  };
+
+  Player.prototype.buildControls = function () {
+    var self = this, bar = el("div", { "class": "rlp-controls" }, this.root);
+    function button(cls, text, title, action) {
+      var b = el("button", { type: "button", "class": cls, title: title, "aria-label": title }, bar, text);
+      b.addEventListener("click", action);
+      return b;
+    }
+    button("rlp-first", "|◀", "first step", function () { self.pause(); self.show(0); });
+    button("rlp-back", "◀", "step back", function () { self.pause(); self.show(self.step - 1); });
+    this.playButton = button("rlp-play", "▶ play", "play / pause", function () { self.toggle(); });
+    button("rlp-forward", "▶", "step forward", function () { self.pause(); self.show(self.step + 1); });
+    button("rlp-last", "▶|", "last step", function () { self.pause(); self.show(self.d.steps); });
+    this.slider = el("input", { type: "range", "class": "rlp-slider", min: 0, max: this.d.steps,
+                                step: 1, value: 0, "aria-label": "step" }, bar);
+    this.slider.addEventListener("input", function () { self.pause(); self.show(+self.slider.value); });
+    this.stepText = el("span", { "class": "rlp-stepno" }, bar);
+    var speed = el("select", { "class": "rlp-speed", title: "speed", "aria-label": "speed" }, bar);
+    [0.5, 1, 2, 4].forEach(function (v) {
+      var o = el("option", { value: v }, speed, v + "×");
+      if (v === 1) o.selected = true;
+    });
+    speed.addEventListener("change", function () {
+      self.speed = +speed.value;
+      if (self.timer) { self.pause(); self.play(); }    // restart at the new pace
+    });
+    this.root.addEventListener("keydown", function (ev) {
+      if (ev.target.tagName === "SELECT" || ev.target.tagName === "INPUT") return;
+      if (ev.key === "ArrowRight") { self.pause(); self.show(self.step + 1); ev.preventDefault(); }
+      if (ev.key === "ArrowLeft") { self.pause(); self.show(self.step - 1); ev.preventDefault(); }
+    });
+  };
+
+  Player.prototype.buildLegend = function (mode) {
+    var d = this.d, n = d.worldSize, legend = el("div", { "class": "rlp-legend" }, this.root);
+    if (this.moveOnly) {
+      el("span", {}, legend, "copy only: each chunk shows whose data it holds; ");
+      var own = el("span", { "class": "rlp-swatch" }, legend, "r");
+      own.style.background = OWN;
+      el("span", {}, legend, " its own, ");
+      for (var o = 0; o < Math.min(n, 4); o++) {
+        el("span", { "class": "rlp-swatch" }, legend, String(o)).style.background = ORIGIN[o % ORIGIN.length];
+      }
+      el("span", {}, legend, n > 4 ? " … rank 0's, 1's, …" : " rank 0's, 1's, …");
+    } else if (mode !== "none") {
+      el("span", {}, legend, mode === "detail" ? "chunk holds k of " + n + " contributions: " :
+                             "share of all contributions a rank holds: ");
+      var marks = n <= 8 ? Array.from({ length: n }, function (_, i) { return i + 1; }) :
+        [1, Math.round(n / 2), n];
+      marks.forEach(function (k) {
+        var sw = el("span", { "class": "rlp-swatch" }, legend, mode === "detail" ? String(k) : Math.round(100 * k / n) + "%");
+        sw.style.background = fillColour(n > 1 ? (k - 1) / (n - 1) : 1, k === n);
+        if (k === n || (n > 1 && (k - 1) / (n - 1) > 0.55)) sw.style.color = "white";
+      });
+    } else if (d.note) {
+      el("span", {}, legend, d.note + " ");
+    }
+    d.ops.forEach(function (op, i) {
+      var key = el("span", { "class": "rlp-op" }, legend, "→ " + op);
+      key.style.color = this.colours[i];
+    }, this);
+    if (mode === "detail") el("span", { "class": "rlp-hint" }, legend, "dashed: chunk sent; thick: chunk received");
+  };
+
+  Player.prototype.show = function (step) {
+    var d = this.d;
+    step = Math.max(0, Math.min(d.steps, step));
+    this.step = step;
+    this.slider.value = step;
+    this.stepText.textContent = "step " + step + " / " + d.steps;
+    this.paintCells(step);
+    this.drawArrows(step);
+    this.describe(step);
+  };
+
+  Player.prototype.paintCells = function (step) {
+    var d = this.d, n = d.worldSize, nChunks = d.chunks.length, state = this.states && this.states[step];
+    var moveOnly = this.moveOnly;
+    if (!state) return;
+    this.cells.forEach(function (mine, r) {
+      mine.forEach(function (c, k) {
+        var fill, text = "", dark = false, tip;
+        if (d.holdings.mode === "aggregate") {   // one square: the share of all contributions
+          var total = nChunks * n;
+          tip = "rank " + r + " holds " + state[r] + " of " + total + " chunk contributions";
+          fill = fillColour(n > 1 ? (state[r] - nChunks) / (total - nChunks) : 1, state[r] === total);
+        } else {
+          var who = ranksOf(state[r * nChunks + k]), count = who.length;
+          tip = "rank " + r + ", chunk " + d.chunks[k] + ": contributions of rank" +
+                (count > 1 ? "s " : " ") + who.join(", ") + " (" + count + " of " + n + ")";
+          if (moveOnly) {                        // whose data: its own (pale) or rank o's colour
+            var origin = count === 1 ? who[0] : -1;
+            text = count === 1 ? origin : count;
+            fill = origin === r ? OWN : origin < 0 ? "#bbb" : ORIGIN[origin % ORIGIN.length];
+          } else {                               // how many contributions
+            text = count;
+            dark = count === n || (n > 1 && (count - 1) / (n - 1) > 0.55);
+            fill = fillColour(n > 1 ? (count - 1) / (n - 1) : 1, count === n);
+          }
+        }
+        c.rect.setAttribute("fill", fill);
+        c.rect.setAttribute("class", "rlp-cell");
+        c.tip.textContent = tip;
+        if (c.label) {
+          c.label.textContent = text;
+          c.label.setAttribute("fill", dark ? "white" : "#222");
+        }
+      });
+    });
+  };
+
+  Player.prototype.drawArrows = function (step) {
+    var d = this.d, g = this.geo, self = this, events = this.byStep[step];
+    var detail = d.holdings && d.holdings.mode === "detail";
+    while (this.arrows.firstChild) this.arrows.removeChild(this.arrows.firstChild);
+    var labels = events.length <= 32 && d.worldSize <= d.detailLimit, seen = {};
+    events.slice(0, MAX_ARROWS).forEach(function (e) {
+      var a = g.centres[e[1]], b = g.centres[e[2]], chunk = e[3] < 0 ? "" : d.chunks[e[3]];
+      var op = e[4] < 0 ? "" : d.ops[e[4]], colour = self.colours[e[4] < 0 ? d.ops.length : e[4]];
+      var pair = e[1] + ">" + e[2], k = seen[pair] = (seen[pair] || 0) + 1;
+      var dx = b.x - a.x, dy = b.y - a.y, len = Math.hypot(dx, dy) || 1, ux = dx / len, uy = dy / len;
+      // Bow each arrow to the right of its direction: A->B and B->A never overlap,
+      // and repeated messages between one pair (k > 1) bow further out.
+      var nx = -uy, ny = ux, bend = Math.min(40, 0.18 * len) + 14 * (k - 1);
+      // Leave each box at its edge, not its centre.
+      var edge = Math.min(g.boxW / 2 / (Math.abs(ux) || 1e-9), g.boxH / 2 / (Math.abs(uy) || 1e-9)) + 3;
+      var p0 = { x: a.x + ux * edge + nx * bend * 0.3, y: a.y + uy * edge + ny * bend * 0.3 };
+      var p2 = { x: b.x - ux * edge + nx * bend * 0.3, y: b.y - uy * edge + ny * bend * 0.3 };
+      var c = { x: (a.x + b.x) / 2 + nx * bend, y: (a.y + b.y) / 2 + ny * bend };
+      var arrow = svg("g", { "class": "rlp-arrow", "data-step": e[0], "data-src": e[1], "data-dst": e[2],
+                             "data-chunk": chunk, "data-op": op }, self.arrows);
+      svg("path", { d: "M" + p0.x + "," + p0.y + " Q" + c.x + "," + c.y + " " + p2.x + "," + p2.y,
+                    stroke: colour, "stroke-width": labels ? 2.2 : 1.2, fill: "none",
+                    "marker-end": "url(#" + self.uid + "-head" + self.colours.indexOf(colour) + ")" }, arrow);
+      svg("title", {}, arrow, self.messageText(e));
+      if (labels) {                      // at the middle of the curve (t = 1/2)
+        // Big worlds: just the chunk (the colour says the op), so labels fit between ranks.
+        var name = chunk.length > 10 ? chunk.slice(0, 9) + "…" : chunk;     // e.g. long tuples
+        var text = chunk !== "" ? "c" + name + (op && d.worldSize <= 8 ? " " + op : "") : (op || e[5] + " B");
+        svg("text", { x: 0.25 * p0.x + 0.5 * c.x + 0.25 * p2.x, y: 0.25 * p0.y + 0.5 * c.y + 0.25 * p2.y + 4,
+                      "class": "rlp-arrow-label", fill: colour, "font-size": self.font }, arrow, text);
+      }
+      if (detail && e[3] >= 0) {         // outline the chunk that left and the one it landed in
+        self.cells[e[1]][e[3]].rect.setAttribute("class", "rlp-cell rlp-sent");
+        self.cells[e[2]][e[3]].rect.setAttribute("class", "rlp-cell rlp-got");
+      }
+    });
+  };
+
+  // "rank 0 → rank 1: chunk 3, reduce, 16 B, ring_allreduce" (the span only if
+  // the trace has several, as the title already names a single one).
+  Player.prototype.messageText = function (e) {
+    var d = this.d, parts = [];
+    if (e[3] >= 0) parts.push("chunk " + d.chunks[e[3]]);
+    if (e[4] >= 0) parts.push(d.ops[e[4]]);
+    parts.push(e[5] + " B");
+    if (d.spans.length > 1 && d.spans[e[6]]) parts.push(d.spans[e[6]]);
+    return "rank " + e[1] + " → rank " + e[2] + ": " + parts.join(", ");
+  };
+
+  Player.prototype.describe = function (step) {
+    var d = this.d, events = this.byStep[step], self = this;
+    var ops = {};
+    events.forEach(function (e) { if (e[4] >= 0) ops[d.ops[e[4]]] = true; });
+    var what = Object.keys(ops).length ? " (" + Object.keys(ops).join(", ") + ")" : "";
+    var after = d.holdings ? " Colours: the chunks after this step." : "";
+    this.caption.textContent = step === 0 ?
+      "Start: nothing sent yet" + (d.holdings ? "; every rank holds only its own contribution." : ".") :
+      "Step " + step + " of " + d.steps + ": " + events.length + " message" +
+      (events.length === 1 ? "" : "s") + what + "." + after +
+      (events.length > MAX_ARROWS ? " Drawing the first " + MAX_ARROWS + "." : "");
+    while (this.list.firstChild) this.list.removeChild(this.list.firstChild);
+    events.slice(0, MAX_LISTED).forEach(function (e) { el("li", {}, self.list, self.messageText(e)); });
+    if (events.length > MAX_LISTED) el("li", {}, this.list, "… and " + (events.length - MAX_LISTED) + " more");
+  };
+
+  Player.prototype.play = function () {
+    var self = this;
+    if (this.step >= this.d.steps) this.show(0);        // play again from the start
+    this.playButton.textContent = "❚❚ pause";
+    this.timer = setInterval(function () {
+      // A re-run notebook cell removes the player: stop ticking then.
+      if (!document.body.contains(self.root) || self.step >= self.d.steps) { self.pause(); return; }
+      self.show(self.step + 1);
+    }, BASE_MS / this.speed);
+  };
+
+  Player.prototype.pause = function () {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
+    this.playButton.textContent = "▶ play";
+  };
+
+  Player.prototype.toggle = function () { if (this.timer) this.pause(); else this.play(); };
+
+  window.RinglabPlayer = {
+    mount: function (root, data) { root.ringlabPlayer = new Player(root, data); return root.ringlabPlayer; }
+  };
+})();
