@@ -22,8 +22,8 @@ later chapters plug in simulated times that way.
     >>> doc = to_chrome_trace(trace, AlphaBeta(alpha=5e-6, beta=1e-9))
     >>> sum(e["ph"] == "X" and e["cat"] == "send" for e in doc["traceEvents"])
     24
-    >>> with open("ring.json", "w") as f:       # then drag ring.json into Perfetto
-    ...     json.dump(doc, f)
+    >>> with open("ring.json", "w") as f:       # doctest: +SKIP
+    ...     json.dump(doc, f)                   # then drag ring.json into Perfetto
 """
 
 from __future__ import annotations

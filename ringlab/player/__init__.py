@@ -11,7 +11,7 @@ kernel is needed, so it keeps working in the static book and offline::
     >>> player = trace.show()              # in a notebook: the last line of a cell
     >>> player.data["layout"]["kind"], player.data["steps"]
     ('ring', 6)
-    >>> path = trace.save_html("ring.html")
+    >>> path = trace.save_html("ring.html")  # doctest: +SKIP
 
 What the JavaScript (``player.js``, read it!) draws comes from ``player_data``:
 the layout (``ringlab.player.layouts``), the events of every step and, for a
