@@ -88,3 +88,13 @@ def test_report_names_its_seed_and_the_seed_reproduces_it():
 def test_unknown_exercise_lists_known_ones():
     with pytest.raises(ValueError, match="ring_allreduce"):
         ringlab.grade("no_such_exercise", ring_allreduce)
+
+
+def test_reports_are_logged_for_the_cli_unless_log_is_false(tmp_path, monkeypatch):
+    log = tmp_path / "grades.jsonl"
+    monkeypatch.setenv("RINGLAB_GRADE_LOG", str(log))
+    ringlab.grade("ring_allreduce", v.one_step_too_few, seed=0, log=False)   # a demonstration
+    assert not log.exists()
+    ringlab.grade("ring_allreduce", ring_allreduce, seed=0)
+    (line,) = log.read_text().splitlines()
+    assert '"passed": true' in line and '"exercise": "ring_allreduce"' in line

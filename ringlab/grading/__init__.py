@@ -28,19 +28,22 @@ GRADERS = {
 }
 
 
-def grade(exercise_id, program, *, seed=None, backend="sim"):
+def grade(exercise_id, program, *, seed=None, backend="sim", log=True):
     """Grade ``program`` for ``exercise_id``; returns a ``Report``.
 
     ``seed`` fixes the random data (every report names the seed it used, so a
     failure can be reproduced). ``backend="torch"`` runs on real processes.
+    ``log=False``: a report that only shows something (a buggy program's, in
+    an exercise notebook), not the notebook's grade: ``ringlab grade NOTEBOOK``
+    does not count it.
     """
     if exercise_id not in GRADERS:
         raise ValueError(f"unknown exercise {exercise_id!r}; known: {', '.join(sorted(GRADERS))}")
     module = importlib.import_module(f".{GRADERS[exercise_id]}", __name__)
     report = grade_cases(exercise_id, module, program, seed=seed, backend=backend)
-    log = os.environ.get("RINGLAB_GRADE_LOG")
-    if log:   # `ringlab grade NOTEBOOK` collects the reports of a notebook run this way
-        with open(log, "a") as f:
+    path = os.environ.get("RINGLAB_GRADE_LOG")
+    if log and path:   # `ringlab grade NOTEBOOK` collects the reports of a notebook run this way
+        with open(path, "a") as f:
             f.write(json.dumps({"exercise": exercise_id, "passed": report.passed,
                                 "not_implemented": report.not_implemented, "text": str(report)}) + "\n")
     return report
