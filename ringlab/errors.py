@@ -22,11 +22,13 @@ class RankError(RinglabError):
 
     ``rank`` and ``step`` say where, ``exc`` is the original exception and
     ``program_traceback`` is the traceback with ringlab's own frames removed.
+    ``trace``: the messages sent until then (a ``Trace``; its ``unreceived``
+    are those still in flight), or None if the backend cannot tell.
     """
 
-    def __init__(self, rank, step, exc, program_traceback):
+    def __init__(self, rank, step, exc, program_traceback, trace=None):
         self.rank, self.step, self.exc = rank, step, exc
-        self.program_traceback = program_traceback
+        self.program_traceback, self.trace = program_traceback, trace
         # A CommError already says "rank r, step s: ..."; don't say it twice.
         self.headline = str(exc) if isinstance(exc, CommError) else (
             f"rank {rank} raised {type(exc).__name__} at step {step}: {exc}")
@@ -36,11 +38,12 @@ class RankError(RinglabError):
 class DeadlockError(RinglabError):
     """Every rank that has not finished is blocked and no message can unblock it.
 
-    ``waiting`` maps each blocked rank to a description of what it waits for.
+    ``waiting`` maps each blocked rank to a description of what it waits for;
+    ``trace``, as for ``RankError``, holds the messages sent until then.
     """
 
-    def __init__(self, waiting, finished):
-        self.waiting, self.finished = waiting, finished
+    def __init__(self, waiting, finished, trace=None):
+        self.waiting, self.finished, self.trace = waiting, finished, trace
         lines = [f"  rank {r}: {what}" for r, what in sorted(waiting.items())]
         done = f"\n  (finished: ranks {sorted(finished)})" if finished else ""
         super().__init__(

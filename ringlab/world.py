@@ -404,7 +404,8 @@ def run(program, inputs, *, args=(), kwargs=None, mode="buffered", timeout=10.0,
     ``timeout`` (seconds, or None) stops a program that never finishes.
 
     Raises ``RankError``, ``DeadlockError``, ``ProgramTimeout`` or
-    ``UnreceivedMessagesError`` with a diagnosis instead of hanging.
+    ``UnreceivedMessagesError`` with a diagnosis instead of hanging; a
+    ``RankError`` or ``DeadlockError`` carries the trace so far as ``.trace``.
     """
     if backend != "sim":
         from . import backends
@@ -425,22 +426,23 @@ def run(program, inputs, *, args=(), kwargs=None, mode="buffered", timeout=10.0,
     except _Interrupt as e:              # landed while cleaning up
         world.failure = world.failure or ("timeout", None, e)
 
+    # The trace so far: a failed run's errors carry it too, to explain where it stopped.
+    left = [ev for ch in world.channels.values() for ev, _, _ in ch.messages]
+    trace = Trace(world.events, world.world_size, [s for me in world.ranks for s in me.spans], left)
     if world.failure is not None:
         kind, me, exc = world.failure
         if kind == "timeout":
             where = _program_traceback(exc) if me is not None else ""
             raise ProgramTimeout(timeout, me.rank if me else None, me.clock if me else None,
                                  where) from None
-        raise RankError(me.rank, me.clock, exc, _program_traceback(exc)) from exc
+        raise RankError(me.rank, me.clock, exc, _program_traceback(exc), trace) from exc
 
     unfinished = [me for me in world.ranks if not me.finished]
     if unfinished:
         raise DeadlockError({me.rank: "waits in " + me.waiting.describe() + f" (its clock: step {me.clock})"
                              for me in unfinished},
-                            [me.rank for me in world.ranks if me.finished])
+                            [me.rank for me in world.ranks if me.finished], trace)
 
-    left = [ev for ch in world.channels.values() for ev, _, _ in ch.messages]
-    trace = Trace(world.events, world.world_size, [s for me in world.ranks for s in me.spans], left)
     if left and check_unreceived:
         raise UnreceivedMessagesError(trace.unreceived)
     return RunResult([me.result for me in world.ranks], trace, world.payloads)

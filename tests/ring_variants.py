@@ -191,3 +191,43 @@ def bad_neighbour(comm, x):
     for k in range(n - 1):
         chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], r + 1, (r - 1) % n)
     return np.concatenate(chunks)
+
+
+def last_rank_skips_all_gather(comm, x):
+    """Rank N-1 returns after the reduce-scatter: its right neighbour waits for it forever."""
+    n, r = comm.world_size, comm.rank
+    out = x.copy()
+    chunks = np.array_split(out, n)
+    for k in range(n - 1):
+        chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], (r + 1) % n, (r - 1) % n)
+    if r == n - 1:
+        return out
+    for k in range(n - 1):
+        chunks[(r - k) % n][...] = comm.sendrecv(chunks[(r + 1 - k) % n], (r + 1) % n, (r - 1) % n)
+    return out
+
+
+def receives_from_the_wrong_side(comm, x):
+    """Sends to the right and receives from the right too: each rank waits for its right neighbour."""
+    n, r = comm.world_size, comm.rank
+    out = x.copy()
+    chunks = np.array_split(out, n)
+    for k in range(n - 1):
+        chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], (r + 1) % n, (r + 1) % n)
+    for k in range(n - 1):
+        chunks[(r - k) % n][...] = comm.sendrecv(chunks[(r + 1 - k) % n], (r + 1) % n, (r - 1) % n)
+    return out
+
+
+def gathers_into_a_list_one_step_short(comm, x):
+    """The all-gather loop runs N-2 times; np.concatenate then meets a chunk that never arrived."""
+    n, r = comm.world_size, comm.rank
+    chunks = [c.copy() for c in np.array_split(x, n)]
+    for k in range(n - 1):
+        chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], (r + 1) % n, (r - 1) % n)
+    done = [None] * n
+    done[(r + 1) % n] = chunks[(r + 1) % n]
+    for k in range(n - 2):
+        c = (r - k) % n
+        done[c] = comm.sendrecv(done[(r + 1 - k) % n], (r + 1) % n, (r - 1) % n)
+    return np.concatenate(done)

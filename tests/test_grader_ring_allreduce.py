@@ -1,6 +1,7 @@
 """The ring_allreduce grader: accepts every correct ring, rejects each real mistake
 with the specific check and a helpful message."""
 
+import numpy as np
 import pytest
 
 import ringlab
@@ -36,7 +37,21 @@ WRONG = [
     (v.assumes_length_divides, "sum of all inputs", ["length=13", "assume the length divides"]),
     (v.whole_vectors_around_ring, "one chunk per message", ["(the whole vector)", "at most one chunk"]),
     (v.central_reduction, "only between ring neighbours", ["rank 2 sent to rank 0", "central reduction"]),
-    (v.receives_first_deadlock, "no deadlock", ["rank 0: waits in recv(src=3)"]),
+    (v.receives_first_deadlock, "no deadlock", ["rank 0: waits in recv(src=3)",
+                                                "every rank waits to receive, and no rank has sent anything yet",
+                                                "waits to receive before anyone sends: send first, or use "
+                                                "comm.sendrecv"]),
+    (v.last_rank_skips_all_gather, "no deadlock", ["rank 0 waits for a message from rank 3, which has finished "
+                                                   "without sending it", "Rank 3 has finished while rank 0 still waits for it",
+                                                   "stopped too soon"]),
+    (v.receives_from_the_wrong_side, "no deadlock", [
+        "rank 0 waits for a message from rank 1; rank 1 waits for a message from rank 2; rank 2 waits for a "
+        "message from rank 3; rank 3 waits for a message from rank 0: a cycle",
+        "rank 0 sent rank 1 a message at step 1 that was never received: rank 1 waits for rank 2 instead",
+        "a recv names the wrong peer"]),
+    (v.gathers_into_a_list_one_step_short, "runs without error", [
+        "ValueError", "Also: the program took 5 steps before failing; a ring AllReduce takes 2(N-1) = 6",
+        "Count your loops first"]),
 ]
 
 
@@ -98,3 +113,27 @@ def test_reports_are_logged_for_the_cli_unless_log_is_false(tmp_path, monkeypatc
     ringlab.grade("ring_allreduce", ring_allreduce, seed=0)
     (line,) = log.read_text().splitlines()
     assert '"passed": true' in line and '"exercise": "ring_allreduce"' in line
+
+
+def test_failed_runs_carry_the_trace_so_far():
+    xs = [np.arange(8.0) + r for r in range(4)]
+    with pytest.raises(ringlab.errors.DeadlockError) as dead:
+        ringlab.run(v.receives_first_deadlock, xs)
+    assert len(dead.value.trace) == 0 and dead.value.trace.unreceived == []     # nobody sent anything
+    with pytest.raises(ringlab.errors.RankError) as err:
+        ringlab.run(v.gathers_into_a_list_one_step_short, xs)
+    # 3 reduce-scatter steps + 2 of the 3 all-gather steps, then np.concatenate fails on the first rank to get there
+    assert err.value.trace.steps == err.value.step == 5
+
+
+def test_deadlock_in_plain_words_follows_the_waits():
+    from ringlab.errors import DeadlockError
+    from ringlab.grading import deadlock
+    chain = DeadlockError({0: "waits in recv(src=1) (its clock: step 2)",
+                           1: "waits until rank 2 receives what it sent (its clock: step 2)"}, [2])
+    words, hint = deadlock.explain(chain)
+    assert words == ("In plain words: rank 0 waits for a message from rank 1; rank 1 waits for rank 2 to "
+                     "receive what it sent; rank 2 has finished without receiving it.")
+    assert "Rank 2 has finished while rank 1 still waits for it" in hint
+    unknown = DeadlockError({0: "running (its clock: step 1)"}, [])
+    assert deadlock.explain(unknown) == ("", deadlock.GENERIC)

@@ -129,6 +129,26 @@ def ag_receives_first(comm, x):
     return np.concatenate(blocks)
 
 
+def ag_one_step_short_preallocated(comm, x):
+    n, r, right, left = ring(comm)
+    L = len(x)
+    out = np.zeros(n * L)
+    out[r * L:(r + 1) * L] = x
+    for k in range(n - 2):                      # n - 1 steps needed
+        s, g = (r - k) % n, (r - k - 1) % n
+        out[g * L:(g + 1) * L] = comm.sendrecv(out[s * L:(s + 1) * L], right, left)
+    return out
+
+
+def ag_one_step_short_list(comm, x):
+    n, r, right, left = ring(comm)
+    blocks = [None] * n
+    blocks[r] = x
+    for k in range(n - 2):                      # n - 1 steps needed: np.concatenate meets a None
+        blocks[(r - k - 1) % n] = comm.sendrecv(blocks[(r - k) % n], right, left)
+    return np.concatenate(blocks)
+
+
 AG_RIGHT = [C.ring_allgather, ag_leftward, ag_alternating, ag_isend_preallocated, ag_fixed]
 AG_WRONG = [
     (buggy_ring_allgather, "every rank's x, in rank order", ["holds rank", "its own x again (it sent it at step 1)",
@@ -141,8 +161,15 @@ AG_WRONG = [
                                                            "at most one block: L = 3 elements"]),
     (ag_one_step_too_many, "exactly N-1 steps", ["took 4 steps", "4 - 1 = 3 steps"]),
     (ag_wrong_slot, "every rank's x, in rank order", ["world_size=4", "(rank - 1 - k) % N"]),
-    (ag_returns_list, "every rank returns its result", ["rank 0 returned list"]),
-    (ag_receives_first, "no deadlock", ["waits in recv(src=3)"]),
+    (ag_returns_list, "every rank returns its result", ["rank 0 returned list of 4 arrays", "np.concatenate"]),
+    (ag_receives_first, "no deadlock", ["waits in recv(src=3)", "every rank waits to receive, and no rank has sent",
+                                        "waits to receive before anyone sends: send first, or use comm.sendrecv"]),
+    (ag_one_step_short_preallocated, "every rank's x, in rank order", [
+        "What:     the program took only 2 steps; a ring AllGather takes N-1 = 3",
+        "holds zeros (never filled?)", "Hint:     Count your loop first: it must run world_size - 1 times"]),
+    (ag_one_step_short_list, "runs without error", [
+        "ValueError", "Also: the program took 2 steps before failing; a ring AllGather takes N-1 = 3",
+        "Hint:     Count your loop first"]),
 ]
 
 
@@ -246,6 +273,32 @@ def rs_returns_whole_vector(comm, x):
     return C.ring_allreduce(comm, x)
 
 
+def rs_forwards_what_arrived(comm, x):
+    """Adds correctly, but passes on the chunk as it arrived, without its own contribution."""
+    n, r, right, left = ring(comm)
+    chunks = np.array_split(x.copy(), n)
+    passing = chunks[(r - 1) % n]
+    for k in range(n - 1):
+        got = comm.sendrecv(passing, right, left)
+        chunks[(r - k - 2) % n] += got
+        passing = got                           # should be chunks[(r - k - 2) % n]
+    return chunks[r].copy()
+
+
+def rs_allreduce_indices(comm, x):
+    """Ring AllReduce's first phase, returning chunks[rank]: only rank r's own contribution."""
+    return _rs(comm, x, lambda r, k, n: (r - k) % n, lambda r, k, n: (r - k - 1) % n)
+
+
+def rs_assumes_length_divides(comm, x):
+    n, r, right, left = ring(comm)
+    out, size = x.copy(), len(x) // n
+    chunks = [out[i * size:(i + 1) * size] for i in range(n)]
+    for k in range(n - 1):
+        chunks[(r - k - 2) % n] += comm.sendrecv(chunks[(r - k - 1) % n], right, left)
+    return chunks[r].copy()
+
+
 RS_RIGHT = [C.ring_reduce_scatter, rs_leftward, rs_isend_in_place, rs_explicit_bounds]
 RS_WRONG = [
     (rs_allreduce_convention, "rank r ends with chunk r", ["rank 0 ends with the sum of chunk 1, not of chunk 0",
@@ -259,6 +312,15 @@ RS_WRONG = [
     (rs_central, "only between ring neighbours", ["central reduction through one rank", "rank 0"]),
     (rs_returns_whole_vector, "every rank returns its result", ["shape (12,) (the whole vector)",
                                                                 "np.array_split(vector, world_size)[rank]"]),
+    (rs_forwards_what_arrived, "rank r ends with chunk r", [
+        "First went wrong: step 2: rank 0 sent rank 1 a chunk holding 1 contribution(s) (rank 3), exactly what "
+        "it had received from rank 3 at step 1", "forward the chunk after adding your contribution"]),
+    (rs_allreduce_indices, "rank r ends with chunk r", [
+        "the contributions of ranks 1, 2 and 3 are missing", "With ring AllReduce's indices",
+        "carried chunk 1 with the contributions of ranks 1, 2 and 3, so rank 0 completes chunk 1, not chunk 0"]),
+    (rs_assumes_length_divides, "every rank returns its result", [
+        "world_size=4, length=13", "shape (3,)", "they have 4, 3, 3 and 3 elements, so chunk 0 has 4",
+        "len(x) // N = 3", "np.array_split"]),
 ]
 
 
@@ -340,6 +402,29 @@ def tb_root_returns_nothing(comm, x, root):
     return None if comm.rank == root else out
 
 
+def tb_parent_from_one(comm, x, root):
+    """The parent i // 2 of a heap numbered from 1: position 2 waits for position 1."""
+    n = comm.world_size
+    i = (comm.rank - root) % n
+    if i:
+        x = comm.recv((i // 2 + root) % n)
+    for c in (2 * i + 1, 2 * i + 2):
+        if c < n:
+            comm.send(x, (c + root) % n)
+    return x
+
+
+def tb_no_bound(comm, x, root):
+    """No `child < n`: child positions past the end wrap around to real ranks."""
+    n = comm.world_size
+    i = (comm.rank - root) % n
+    if i:
+        x = comm.recv(((i - 1) // 2 + root) % n)
+    for c in (2 * i + 1, 2 * i + 2):
+        comm.send(x, (c + root) % n)
+    return x
+
+
 TB_RIGHT = [C.tree_broadcast, tb_right_first, tb_isend, tb_children_list]
 TB_WRONG = [
     (C.flat_broadcast, "parent to child", ["rank 0 (position 0) sent to rank 3", "flat broadcast"]),
@@ -350,6 +435,14 @@ TB_WRONG = [
     (tb_acks, "parent to child", ["rank 1 (position 1) sent to rank 0 (position 0)",
                                   "send nothing back to the parent"]),
     (tb_root_returns_nothing, "every rank returns its result", ["rank 0 returned NoneType"]),
+    (tb_parent_from_one, "no deadlock", [
+        "rank 2 waits for a message from rank 1, which has finished without sending it",
+        "rank 0 sent rank 2 a message at step 2 that was never received",
+        "the parent of position 2 is position (2 - 1) // 2 = 0, rank 0", "2i+1 and 2i+2"]),
+    (tb_no_bound, "runs without error", [
+        "send(dst=2): a rank cannot send to or from itself",
+        "child positions 2i+1 = 5 and 2i+2 = 6 exist only below N = 4", "5 -> rank 1, 6 -> rank 2",
+        "Skip a child position c >= N"]),
 ]
 
 
@@ -528,6 +621,24 @@ def a2a_acks(comm, blocks):
     return out
 
 
+def a2a_forgets_own_block(comm, blocks):
+    n, r, _, _ = ring(comm)
+    out = [None] * n                            # out[r] = blocks[r] missing
+    for k in range(1, n):
+        out[(r - k) % n] = comm.sendrecv(blocks[(r + k) % n], (r + k) % n, (r - k) % n)
+    return out
+
+
+def a2a_xor_for_any_n(comm, blocks):
+    n, r, _, _ = ring(comm)
+    out = [None] * n
+    out[r] = blocks[r]
+    for k in range(1, n):
+        partner = r ^ k                         # a pairing only when n is a power of two
+        out[partner] = comm.sendrecv(blocks[partner], partner, partner)
+    return out
+
+
 A2A_RIGHT = [C.alltoall, C.pairwise_alltoall, a2a_sequential, a2a_shift_sendrecv]
 A2A_WRONG = [
     (C.ring_alltoall, "straight to its destination", ["rank 0 sent rank 1 block 0->2", "ring AlltoAll"]),
@@ -543,6 +654,11 @@ A2A_WRONG = [
                                                    "you kept what you send"]),
     (a2a_wrong_slot, "the block each rank sent it", ["rank 0's out[1] holds block 3->0", "came from rank 3"]),
     (a2a_acks, "every message carries blocks", ["a message with no block in it"]),
+    (a2a_forgets_own_block, "the block each rank sent it", ["rank 0's out[0] holds None",
+                                                            "out[rank] = blocks[rank]"]),
+    (a2a_xor_for_any_n, "runs without error", ["world_size=3", "IndexError", "XOR pairing",
+                                               "rank 1's partner in round 2 would be 1 ^ 2 = 3",
+                                               "send to (rank + k) % N and receive from (rank - k) % N"]),
 ]
 
 
@@ -641,6 +757,48 @@ def r2a_sends_twice(comm, blocks):
     return out
 
 
+def _r2a_queue(comm, blocks, queue, keep):
+    """Blocks queued in ``queue(r, n)`` order; the receiver keeps ``keep(got)``, forwards the rest."""
+    n, r, right, left = ring(comm)
+    out = [None] * n
+    out[r] = blocks[r]
+    travelling = [blocks[c] for c in queue(r, n)]
+    for k in range(n - 1):
+        got = list(comm.sendrecv(np.stack(travelling), right, left))
+        out[(r - k - 1) % n] = got.pop(keep)
+        travelling = got
+    return out
+
+
+def r2a_forwards_the_kept_block(comm, blocks):
+    n, r, right, left = ring(comm)
+    out = [None] * n
+    out[r] = blocks[r]
+    travelling = [blocks[(r + d) % n] for d in range(1, n)]
+    for k in range(n - 1):
+        got = comm.sendrecv(np.stack(travelling), right, left)
+        out[(r - k - 1) % n] = got[0]
+        travelling = list(got)                  # should be got[1:]
+    return out
+
+
+def r2a_keeps_the_last(comm, blocks):
+    return _r2a_queue(comm, blocks, lambda r, n: [(r + d) % n for d in range(1, n)], -1)
+
+
+def r2a_farthest_first(comm, blocks):
+    return _r2a_queue(comm, blocks, lambda r, n: [(r - d) % n for d in range(1, n)], 0)
+
+
+def r2a_pairwise_indices(comm, blocks):
+    n, r, right, left = ring(comm)
+    out = [None] * n
+    out[r] = blocks[r]
+    for k in range(1, n):
+        out[(r - k) % n] = comm.sendrecv(blocks[(r + k) % n], right, left)
+    return out
+
+
 R2A_RIGHT = [C.ring_alltoall, r2a_leftward, r2a_shortest_way, r2a_isend_concat]
 R2A_WRONG = [
     (r2a_no_forwarding, "the block each rank sent it", ["rank 0's out[1] holds None",
@@ -651,6 +809,18 @@ R2A_WRONG = [
                                                        "Keep the block that is meant for you"]),
     (r2a_one_message_per_block, "at most N-1 steps", ["took 6 steps", "np.stack"]),
     (r2a_sends_twice, "one path, once", ["rank 0 sent block 0->1, which had already moved on to rank 1"]),
+    (r2a_forwards_the_kept_block, "the block each rank sent it", [
+        "First went wrong: at step 1 rank 1 received block 0->1, block 0->2, block 0->3 from rank 0, and passed "
+        "on block 0->1, its own, at step 2", "Keep the block meant for you", "received 3 block(s) and passed on 3"]),
+    (r2a_keeps_the_last, "the block each rank sent it", [
+        "kept block 0->3, which is for rank 3, passing on block 0->1, its own", "kept the last block of the message",
+        "the one for the receiver is the first"]),
+    (r2a_farthest_first, "the block each rank sent it", [
+        "rank 1 received block 0->3, block 0->2, block 0->1 from rank 0, and kept block 0->3",
+        "lists its blocks farthest destination first", "Queue the blocks nearest destination first"]),
+    (r2a_pairwise_indices, "the block each rank sent it", [
+        "at step 2 rank 1 received block 0->2 from rank 0 and kept it, though it is for rank 2",
+        "No rank ever passes a block on", "the pairwise exchange's choice"]),
 ]
 
 
@@ -733,3 +903,26 @@ def test_ring_alltoall_path_check_catches_a_block_that_turns_back():
     assert turn.check == "no block travels further than it must" and "changed direction at rank 2" in turn.what
     assert grader._check_path(case, (0, 3), [Event(1, 0, 4), Event(2, 4, 3)]) is None       # the short way
     assert grader._check_path(case, (0, 3), [Event(s, s - 1, s) for s in (1, 2, 3)]) is None  # the long way
+
+
+def test_reduce_scatter_tells_a_lost_addition_from_a_lost_forward():
+    # Both pass on a chunk exactly as it arrived; only the overwrite loses the rank's own part.
+    overwrite = str(ringlab.grade("ring_reduce_scatter", rs_replaces, seed=0))
+    forward = str(ringlab.grade("ring_reduce_scatter", rs_forwards_what_arrived, seed=0))
+    assert "own contribution is gone" in overwrite and "after adding your contribution" not in overwrite
+    assert "after adding your contribution" in forward and "own contribution is gone" not in forward
+
+
+def test_the_four_ring_alltoall_mistakes_get_four_hints():
+    hints = [ringlab.grade("ring_alltoall", p, seed=0).failure.hint
+             for p in (r2a_forwards_the_kept_block, r2a_keeps_the_last, r2a_farthest_first, r2a_pairwise_indices)]
+    assert len(set(hints)) == 4 and not any("out[c] must be what rank c sent to you" in h for h in hints)
+
+
+def test_xor_hint_only_on_world_sizes_that_are_not_powers_of_two():
+    from ringlab.grading.alltoall import _xor_hint
+    from ringlab.grading.report import Failure
+    for n, expected in ((4, False), (8, False), (3, True), (6, True)):
+        f = Failure("case", "check", "what", hint="h", error=RuntimeError())
+        _xor_hint(f, n)
+        assert ("power of two" in f.hint) == expected, n

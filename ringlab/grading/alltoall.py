@@ -32,6 +32,8 @@ cases = B.cases
 def check(program, case, backend="sim"):
     result, failure = B.run_and_check_result(
         program, case, backend, missing_hint="Receive one block from every other rank c and store it at out[c].")
+    if failure and failure.error is not None:
+        _xor_hint(failure, case.world_size)
     if failure or result.payloads is None:
         return failure
     failure, carried = B.hops(case, result)
@@ -74,3 +76,25 @@ def _misroute_hint(e, block, hub):
     return (f"A message to rank {e.dst} carries only blocks[{e.dst}]: a block sent to another rank must "
             f"then be forwarded (a ring AlltoAll does that), or it is sent twice. Send blocks[c] to "
             f"rank c, and nothing else with it.")
+
+
+def _xor_hint(failure, n):
+    """A run that failed on a world size that is not a power of two: XOR partners?
+    Confident when every message so far went to partner rank ^ step."""
+    if n & (n - 1) == 0:
+        return
+    err = failure.error
+    trace = getattr(err, "trace", None)
+    xor = trace is not None and len(trace) > 1 and all(e.dst == e.src ^ e.step for e in trace)
+    rank = getattr(err, "rank", None)
+    if rank is None:
+        rank = min(getattr(err, "waiting", None) or [0])
+    step = getattr(err, "step", None) or 0
+    k = next((k for k in [step + 1, *range(1, n)] if 0 < k < n and rank ^ k >= n), None)
+    example = (f" With N = {n}, rank {rank}'s partner in round {k} would be {rank} ^ {k} = {rank ^ k}, "
+               f"and there is no rank {rank ^ k}." if k is not None else "")
+    lead = ("Every message so far went to partner rank ^ step: XOR pairing. It" if xor else
+            "If you pair ranks with XOR (partner = rank ^ k): that")
+    failure.hint = (f"{lead} only pairs the ranks up when N is a power of two, and N = {n} is not."
+                    f"{example} Use the shift instead: in round k send to (rank + k) % N and receive "
+                    f"from (rank - k) % N. " + (failure.hint or ""))

@@ -23,7 +23,7 @@ binary heap does too).
 
 from . import checks
 from .report import Failure
-from .tree_broadcast import cases, run_broadcast  # noqa: F401 - the same cases
+from .tree_broadcast import bad_peer, cases, run_broadcast  # noqa: F401 - the same cases
 
 NAME = "binomial_broadcast"
 
@@ -50,7 +50,7 @@ def _ceil_log2(n):
 
 def check(program, case, backend="sim"):
     n, root = case.world_size, case.info["root"]
-    result, failure = run_broadcast(program, case, backend)
+    result, failure = run_broadcast(program, case, backend, explain=_explain_run_failure)
     if failure:
         return failure
     trace = result.trace
@@ -68,3 +68,12 @@ def check(program, case, backend="sim"):
                        got=f"{trace.steps} steps",
                        hint=HINTS.get(checks.broadcast_shape(trace, n, root), GENERIC))
     return None
+
+
+def _explain_run_failure(failure, case):
+    """A send to a rank that does not exist, or to itself: a position past the end, wrapped."""
+    if bad_peer(failure.error):
+        n = case.world_size
+        failure.hint = (f"A child position i + 2^k exists only below N = {n}: positions past N - 1 = {n - 1} "
+                        f"are not in the tree, and wrapping them around with % N makes them real ranks "
+                        f"(the root, or the sender itself). Send only if i + 2^k < N.")

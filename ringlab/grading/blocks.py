@@ -34,7 +34,8 @@ def index(case):
 
 
 def contents(payload, idx):
-    """{(src, dst): number of that block's elements} in one message."""
+    """{(src, dst): number of that block's elements} in one message, in the
+    order the blocks first appear in it."""
     found = defaultdict(set)
     for v in np.asarray(payload).ravel().tolist():
         hit = idx.get(v) if isinstance(v, float) else None
@@ -48,15 +49,17 @@ def name(block):
 
 
 def run_and_check_result(program, case, backend, missing_hint):
-    """Checks 1-2 of both AlltoAll graders: (result, None) or (None, Failure).
-    ``missing_hint`` is the hint for a slot that holds None (nothing arrived)."""
+    """Checks 1-2 of both AlltoAll graders: (result, None), or (result, Failure)
+    for a wrong result (so the caller can explain it from the trace), or
+    (None, Failure) when the run failed. ``missing_hint`` is the hint for a
+    slot that holds None (nothing arrived)."""
     result, failure = run_case(program, case, backend, record_payloads=backend == "sim")
     if failure:
         return None, failure
     n, idx = case.world_size, index(case)
     for r, out in enumerate(result.outputs):
         if not isinstance(out, (list, tuple)) or len(out) != n:
-            return None, Failure(
+            return result, Failure(
                 case.label, "every rank returns its received blocks",
                 f"rank {r} returned {type(out).__name__}" + (f" of length {len(out)}" if hasattr(out, "__len__") else ""),
                 expected=f"a list of {n} arrays: out[c] = the block rank c sent to rank {r}",
@@ -69,6 +72,9 @@ def run_and_check_result(program, case, backend, missing_hint):
             hint = "out[c] must be what rank c sent to you: rank c's blocks[your rank]."
             if got is None:
                 holds, hint = "None: nothing was stored there", missing_hint
+                if c == r:
+                    hint = ("Your own block never travels, so no message fills out[rank]: keep it "
+                            "yourself, out[rank] = blocks[rank].")
             elif held is None:
                 holds = "something that is not a block" + (f" (shape {got.shape})" if isinstance(got, np.ndarray) else "")
             else:
@@ -79,7 +85,7 @@ def run_and_check_result(program, case, backend, missing_hint):
                 elif held[1] == r:
                     hint = (f"The block is for you, but it came from rank {held[0]}: put the block "
                             f"received from rank c at out[c].")
-            return None, Failure(case.label, "every rank ends with the block each rank sent it",
+            return result, Failure(case.label, "every rank ends with the block each rank sent it",
                                  f"rank {r}'s out[{c}] holds {holds}",
                                  expected=f"{name((c, r))}: {want}", got=repr(got)[:120], hint=hint)
     return result, None

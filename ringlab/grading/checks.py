@@ -8,6 +8,7 @@ exercise: the algorithm's name, the expected step count, the hint.
 """
 
 from .report import Failure
+from ..errors import CommError, RankError
 
 
 def ring_neighbours(trace, case, algorithm, hub_text, hint=None):
@@ -52,6 +53,24 @@ def exact_steps(trace, case, want, *, check, expected, hint):
                        expected=expected, got=f"{trace.steps} steps",
                        hint=hint if trace.steps != 0 else None)
     return None
+
+
+def steps_before_failure(failure, want, takes, hint):
+    """Say that a run which raised was short of steps: "Also: the program took 2
+    steps before failing; a ring AllGather takes N-1 = 3." Only when the error
+    came after the rank's communication (it had reached the last step of the run
+    and received every message sent to it), since then the loop count is the
+    likely cause. ``takes`` says what the algorithm takes ("a ring AllGather takes
+    N-1 = 3"); ``hint`` goes before the failure's own. Returns ``failure``."""
+    err = failure.error
+    trace = getattr(err, "trace", None)
+    if (isinstance(err, RankError) and not isinstance(err.exc, CommError) and trace is not None
+            and 0 < trace.steps < want and err.step == trace.steps
+            and not any(e.dst == err.rank for e in trace.unreceived)):
+        failure.what += (f"\nAlso: the program took {trace.steps} step{'s' if trace.steps > 1 else ''} "
+                         f"before failing; {takes}.")
+        failure.hint = f"{hint} {failure.hint}" if failure.hint else hint
+    return failure
 
 
 def one_send_one_recv_per_step(trace, case, steps, hint=("In every step all ranks pass one chunk to the "

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import DeadlockError, ProgramTimeout, RankError, UnreceivedMessagesError
 from ..world import run
+from . import deadlock
 
 
 @dataclass
@@ -37,6 +38,8 @@ class Failure:
     expected: str | None = None
     got: str | None = None
     hint: str | None = None
+    # The run's error (RankError, DeadlockError, ...), for a grader that explains it further; not shown.
+    error: Exception | None = field(default=None, repr=False, compare=False)
 
 
 class NotImplementedYet(Exception):
@@ -104,28 +107,32 @@ def run_case(program, case, backend="sim", **kw):
         return None, Failure(case.label, "the program runs without error", e.headline,
                              got=e.program_traceback.rstrip(),
                              hint="Read the last line of your code in the traceback above; the "
-                                  "error happened there, on the rank named.")
+                                  "error happened there, on the rank named.", error=e)
     except DeadlockError as e:
-        return None, Failure(case.label, "no deadlock", str(e),
-                             hint="Every recv needs a matching send on the peer, in the same order. "
-                                  "A rank waiting for a message nobody sends usually means the "
-                                  "ranks disagree about the step or the peer.")
+        words, hint = deadlock.explain(e)
+        return None, Failure(case.label, "no deadlock", str(e) + (f"\n{words}" if words else ""),
+                             hint=hint, error=e)
     except ProgramTimeout as e:
-        return None, Failure(case.label, "the program finishes", str(e))
+        return None, Failure(case.label, "the program finishes", str(e), error=e)
     except UnreceivedMessagesError as e:
         return None, Failure(case.label, "every message sent is received", str(e),
                              hint="Count the sends and receives each rank makes: they must match "
-                                  "one for one (one step too many on the sending side?).")
+                                  "one for one (one step too many on the sending side?).", error=e)
 
 
 def check_outputs_shape(result, case, expected_shape):
     """Every rank returned a numpy array of the expected shape, or a Failure."""
     for r, out in enumerate(result.outputs):
         if not isinstance(out, np.ndarray):
+            pieces = isinstance(out, (list, tuple)) and out and all(isinstance(p, np.ndarray) for p in out)
             return Failure(case.label, "every rank returns its result",
-                           f"rank {r} returned {type(out).__name__}",
+                           f"rank {r} returned {type(out).__name__}"
+                           + (f" of {len(out)} arrays" if pieces else ""),
                            expected=f"a numpy array of shape {expected_shape}",
-                           got=repr(out)[:200], hint="End your program with `return` of the result array.")
+                           got=repr(out)[:200],
+                           hint=(f"Return one array, not a {type(out).__name__} of arrays: pass it to "
+                                 f"np.concatenate, which joins them in order." if pieces else
+                                 "End your program with `return` of the result array."))
         if out.shape != tuple(expected_shape):
             return Failure(case.label, "every rank returns its result",
                            f"rank {r} returned an array of shape {out.shape}",

@@ -6,10 +6,11 @@ every rank's ``x`` in rank order (length N * L): block s is rank s's ``x``.
 
 Checks, on world sizes 1 to 8 and several lengths, with fresh random data:
 
-1. it runs: no exception, deadlock, endless loop or unreceived message;
+1. it runs: no exception, deadlock, endless loop or unreceived message (a
+   run that fails after too few steps says so);
 2. every rank returns exactly the concatenation (a wrong result is
-   diagnosed: which block holds which rank's data, and the first message
-   that went wrong);
+   diagnosed: too few steps, which block holds which rank's data, and the
+   first message that went wrong);
 3. it is a ring: messages only between ring neighbours;
 4. one block per message (L elements), never several;
 5. exactly N-1 steps, and every rank sends one and receives one message
@@ -27,6 +28,8 @@ from . import checks
 from .report import Case, Failure, check_outputs_shape, run_case
 
 NAME = "ring_allgather"
+LOOP = ("Count your loop first: it must run world_size - 1 times, one block per step; with fewer "
+        "steps some blocks never arrive.")
 
 
 def cases(rng):
@@ -45,7 +48,7 @@ def check(program, case, backend="sim"):
     n, length = case.world_size, len(case.inputs[0])
     result, failure = run_case(program, case, backend, record_payloads=backend == "sim")
     if failure:
-        return failure
+        return checks.steps_before_failure(failure, n - 1, f"a ring AllGather takes N-1 = {n - 1}", LOOP)
     failure = check_outputs_shape(result, case, (n * length,))
     if failure:
         return failure
@@ -110,6 +113,12 @@ def _wrong_result(case, result, rank, out):
         fail.what += "\nFirst went wrong: " + note
     fail.hint = hint or (f"The block that arrives from your left neighbour at step k came from rank "
                          f"(rank - 1 - k) % N: store it at that index of your result.")
+    steps = result.trace.steps
+    if length and steps < n - 1:     # too few steps explain missing blocks before any index does
+        fail.what = f"the program took only {steps} steps; a ring AllGather takes N-1 = {n - 1}\n" + fail.what
+        fail.hint = LOOP
+    elif length and steps != n - 1:
+        fail.what += f"\nAlso: the program took {steps} steps; a ring AllGather takes N-1 = {n - 1}."
     return fail
 
 

@@ -49,7 +49,9 @@ def check(program, case, backend="sim"):
     n, length = case.world_size, len(case.inputs[0])
     result, failure = run_case(program, case, backend)
     if failure:
-        return failure
+        return checks.steps_before_failure(
+            failure, 2 * (n - 1), f"a ring AllReduce takes 2(N-1) = {2 * (n - 1)}",
+            "Count your loops first: each phase runs world_size - 1 times.")
     failure = check_outputs_shape(result, case, (length,))
     if failure:
         return failure

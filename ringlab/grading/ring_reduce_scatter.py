@@ -48,7 +48,9 @@ def check(program, case, backend="sim"):
     n, length = case.world_size, len(case.inputs[0])
     result, failure = run_case(program, case, backend)
     if failure:
-        return failure
+        return checks.steps_before_failure(
+            failure, n - 1, f"a ring ReduceScatter takes N-1 = {n - 1}",
+            "Count your loop first: it must run world_size - 1 times, one chunk per step.")
     want = np.array_split(np.sum(case.inputs, axis=0), n)
     for r, out in enumerate(result.outputs):
         failure = _check_shape(case, r, out, want[r], length)
@@ -86,15 +88,29 @@ def _check_shape(case, r, out, want, length):
                        expected=f"a numpy array: chunk {r} of the sum, shape {want.shape}",
                        got=repr(out)[:200], hint="End your program with `return` of your chunk.")
     if out.shape != want.shape:
+        n = case.world_size
         whole = out.shape == (length,) and length != len(want)
+        sizes = [len(c) for c in np.array_split(np.zeros(length), n)]
+        if whole:
+            hint = "Return only your own chunk: np.array_split(vector, world_size)[rank]."
+        else:
+            hint = (f"Cut the chunks as np.array_split(x, world_size) does: with L = {length} and N = {n} "
+                    f"they have {_listing(sizes)} elements, so chunk {r} has {len(want)}.")
+            if length % n and out.shape == (length // n,):
+                hint += (f" Chunks of len(x) // N = {length // n} elements assume the length divides by N; "
+                         f"np.array_split makes the first L % N = {length % n} chunk{'s' if length % n > 1 else ''} "
+                         f"one element longer.")
         return Failure(case.label, "every rank returns its result",
                        f"rank {r} returned an array of shape {out.shape}"
                        + (" (the whole vector)" if whole else ""),
                        expected=f"shape {want.shape}: chunk {r} of np.array_split(sum, {case.world_size})",
-                       got=f"shape {out.shape}",
-                       hint="Return only your own chunk: np.array_split(vector, world_size)[rank]."
-                       if whole else None)
+                       got=f"shape {out.shape}", hint=hint)
     return None
+
+
+def _listing(items):
+    items = [str(i) for i in items]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _wrong_sum(program, case, rank, out, want):
@@ -139,17 +155,45 @@ def _wrong_sum(program, case, rank, out, want):
                      "Each rank ends with the chunk it adds into in the last step: work backwards "
                      "from 'rank r adds into chunk r at step N-1'.")
         return fail
-    note, hint = _first_bad_message(res, n)
+    note, hint = _first_bad_message(res, n, decoded)
     if note:
         fail.what += "\nFirst went wrong: " + note
+    elif n > 1:
+        hint = _completes_other_chunk(res, n, starts)
     fail.hint = hint or ("Write down, for N=3, which chunk each rank sends and receives at each step, "
                          "and compare with your index formulas.")
     return fail
 
 
-def _first_bad_message(res, n):
+def _completes_other_chunk(res, n, starts):
+    """A hint when the messages are right but rank r completes a chunk other than r:
+    the last message rank r receives holds every contribution but its own, for
+    the chunk it then completes."""
+    completes = {}
+    for e in res.trace:
+        payload = res.payloads[(e.src, e.dst, e.tag, e.seq)]
+        dec = contrib.decode(payload, n) if e.step == n - 1 and payload.size else None
+        if dec and dec[0] is not None and dec[0][1] is not None and not dec[0][0][e.dst]:
+            completes[e.dst] = (int(np.searchsorted(starts, dec[0][1], side="right") - 1), e)
+    if len(completes) != n or all(completes[r][0] == r for r in range(n)):
+        return None
+    c, e = completes[0]
+    what = (f"Here the last message rank 0 received, at step {e.step}, carried chunk {c} with the "
+            f"contributions of {contrib.holders(contrib.decode(res.payloads[(e.src, e.dst, e.tag, e.seq)], n)[0][0])}, "
+            f"so rank 0 completes chunk {c}, not chunk 0.")
+    if all(completes[r][0] == (r + 1) % n for r in range(n)):
+        return ("Rank r must end with chunk r. With ring AllReduce's indices (send chunk (rank - k) % N, "
+                "add into (rank - k - 1) % N) the chunk that ends complete on rank r is chunk (r + 1) % N. "
+                + what + " Start one chunk earlier: at step k send chunk (rank - 1 - k) % N and add the "
+                "received one into chunk (rank - 2 - k) % N.")
+    return ("Rank r must end with chunk r, the chunk it adds into in the last step; " + what
+            + " Work backwards from 'rank r adds into chunk r at step N-1'.")
+
+
+def _first_bad_message(res, n, outputs=()):
     """In a ring ReduceScatter the message of step s carries s contributions, each
-    once, for one contiguous range of positions. Find the first that doesn't."""
+    once, for one contiguous range of positions. Find the first that doesn't.
+    ``outputs``: the decoded outputs, to tell a lost addition from a lost forward."""
     for e in res.trace:
         payload = res.payloads[(e.src, e.dst, e.tag, e.seq)]
         if not payload.size:
@@ -170,10 +214,34 @@ def _first_bad_message(res, n):
                         "A contribution is added twice: check which chunk index you send and which "
                         "you add into.")
             if sum(coeffs) != e.step:
-                hint = (f"Rank {e.src}'s own contribution is gone: add the received chunk into yours "
-                        f"(chunk += received); replacing it drops yours." if not coeffs[e.src] else
-                        "The chunk a rank sends at step k+1 must be the one it added into at step k.")
+                note = ""
+                if coeffs[e.src]:
+                    hint = "The chunk a rank sends at step k+1 must be the one it added into at step k."
+                elif _adds_own(outputs, e.src):
+                    # It adds (its result holds its own part), but passed on what it had received.
+                    came = _received_as_is(res, n, e, dec)
+                    note = (f", exactly what it had received from rank {came.src} at step {came.step}"
+                            if came else "")
+                    hint = (f"Rank {e.src} adds correctly (its result holds its own contribution), but it "
+                            f"passed on a chunk without it: forward the chunk after adding your "
+                            f"contribution, the slot you just added into, not the array you received.")
+                else:
+                    hint = (f"Rank {e.src}'s own contribution is gone: add the received chunk into yours "
+                            f"(chunk += received); replacing it drops yours.")
                 return (f"step {e.step}: rank {e.src} sent rank {e.dst} a chunk holding {sum(coeffs)} "
-                        f"contribution(s) ({contrib.holders(coeffs)}); at step {e.step} a ring "
+                        f"contribution(s) ({contrib.holders(coeffs)}){note}; at step {e.step} a ring "
                         f"ReduceScatter message holds {e.step}", hint)
     return None, None
+
+
+def _adds_own(outputs, r):
+    """Whether rank r's decoded result holds rank r's own contribution."""
+    return r < len(outputs) and any(d is not None and d[0][r] for d in outputs[r])
+
+
+def _received_as_is(res, n, e, dec):
+    """An earlier message into ``e.src`` with the same content as ``e``'s, or None."""
+    for g in res.trace:
+        if g.dst == e.src and g.step < e.step and contrib.decode(res.payloads[(g.src, g.dst, g.tag, g.seq)], n) == dec:
+            return g
+    return None

@@ -24,7 +24,9 @@ one message per tree edge it is fixed by the tree, about 2 log2 N; see
 import numpy as np
 
 from . import checks
+from .deadlock import waits_for
 from .report import Case, Failure, check_outputs_shape, run_case
+from ..errors import CommError, DeadlockError, RankError
 
 NAME = "tree_broadcast"
 
@@ -56,11 +58,14 @@ def cases(rng):
                        info={"root": root, "x": x})
 
 
-def run_broadcast(program, case, backend):
-    """Checks 1-2, shared with ``binomial_broadcast``: (result, None) or (None, Failure)."""
+def run_broadcast(program, case, backend, explain=None):
+    """Checks 1-2, shared with ``binomial_broadcast``: (result, None) or (None, Failure).
+    ``explain(failure, case)`` may sharpen the hint of a run that failed."""
     root, x = case.info["root"], case.info["x"]
     result, failure = run_case(program, case, backend)
     if failure:
+        if explain is not None:
+            explain(failure, case)
         if root != 0 and failure.check in ("the program runs without error", "no deadlock"):
             failure.hint = (f"{failure.hint} This case's root is rank {root}: if your program works "
                             f"with root 0, count positions from the root, i = (rank - root) % N, "
@@ -81,7 +86,7 @@ def run_broadcast(program, case, backend):
 
 def check(program, case, backend="sim"):
     n, root = case.world_size, case.info["root"]
-    result, failure = run_broadcast(program, case, backend)
+    result, failure = run_broadcast(program, case, backend, explain=_explain_run_failure)
     if failure:
         return failure
     trace = result.trace
@@ -103,3 +108,42 @@ def check(program, case, backend="sim"):
         trace, case, root,
         shape_hint="Send the whole vector to each child once, in one message: then every rank "
                    "receives exactly once.")
+
+
+HEAP = ("In the heap laid out from the root, position i = (rank - root) % N has its children at "
+        "positions 2i+1 and 2i+2 (those below N) and its parent at position (i - 1) // 2; "
+        "position p is rank (p + root) % N.")
+
+
+def _explain_run_failure(failure, case):
+    """A deadlock or a bad peer, in terms of heap positions."""
+    n, root, err = case.world_size, case.info["root"], failure.error
+    pos = lambda r: (r - root) % n  # noqa: E731
+    if isinstance(err, DeadlockError):
+        failure.hint = f"{failure.hint} {HEAP}"
+        for w, what in sorted(err.waiting.items()):
+            kind, peer = waits_for(what) or (None, None)
+            i = pos(w)
+            if kind == "recv" and i and pos(peer) != (i - 1) // 2:
+                failure.hint = (
+                    f"Rank {w} (position {i}) waits for rank {peer} (position {pos(peer)}), but the parent "
+                    f"of position {i} is position ({i} - 1) // 2 = {(i - 1) // 2}, rank {((i - 1) // 2 + root) % n}"
+                    + (f" ({i} // 2 would be its parent if positions counted from 1)" if pos(peer) == i // 2 else "")
+                    + ". " + HEAP)
+                return
+    elif bad_peer(err):
+        i = pos(err.rank)
+        past = [c for c in (2 * i + 1, 2 * i + 2) if c >= n]
+        if past:
+            wraps = ", ".join(f"{c} -> rank {(c + root) % n}" for c in past)
+            failure.hint = (f"Rank {err.rank} is position {i}, whose child positions 2i+1 = {2 * i + 1} and "
+                            f"2i+2 = {2 * i + 2} exist only below N = {n}. Positions past N - 1 = {n - 1} "
+                            f"are not in the tree; wrapping them around with % N makes them real ranks "
+                            f"({wraps}). Skip a child position c >= N (send only if c < N).")
+
+
+def bad_peer(err):
+    """Whether ``err`` is a rank's send/recv naming a rank that does not exist, or itself."""
+    return (isinstance(err, RankError) and isinstance(err.exc, CommError)
+            and any(s in str(err.exc) for s in ("there is no rank", "cannot send to or from itself",
+                                                 "cannot recv to or from itself")))
