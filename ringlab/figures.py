@@ -83,38 +83,6 @@ def draw_ring(world_size, *, node_labels=None, arrow_labels=None, direction=1,
     return ax
 
 
-def draw_timeline(trace, *, labels=True, ax=None, title=None):
-    """A space-time diagram of ``trace``: one horizontal line per rank, one arrow
-    per message, drawn over the step in which it travels (from ``step - 1`` to
-    ``step``). Colour = op (blue reduce, green copy, grey unlabelled)."""
-    n, steps = trace.world_size, max(trace.steps, 1)
-    ax = _axes(ax, (1.2 + 0.9 * steps, 0.8 + 0.7 * n))
-    for r in range(n):
-        ax.plot([0, steps], [r, r], color="0.8", lw=1, zorder=1)
-    for e in trace:
-        colour = OP_COLOURS.get(e.op, "tab:purple")
-        ax.annotate("", xy=(e.step, e.dst), xytext=(e.step - 1, e.src),
-                    arrowprops=dict(arrowstyle="-|>", color=colour, lw=1.3, shrinkA=3, shrinkB=3))
-        if labels and e.chunk is not None:
-            # Short arrows: label at the middle (half-way between two rank lines).
-            # Longer ones (the ring's wrap-around): where they cross a rank line,
-            # so the labels of crossing arrows never sit on top of each other.
-            d = abs(e.dst - e.src)
-            t = 0.5 if d <= 1 else (d // 2) / d
-            ax.text(e.step - 1 + t, e.src + t * (e.dst - e.src), f"c{e.chunk}", fontsize=8, ha="center",
-                    va="center", color=colour, bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none"))
-    ax.set_yticks(range(n), [f"rank {r}" for r in range(n)])
-    ax.set_xticks(range(steps + 1))
-    ax.set_xlabel("step")
-    ax.set_ylim(n - 0.5, -0.5)      # rank 0 at the top, like a table
-    ax.set_xlim(-0.2, steps + 0.2)
-    for side in ("top", "right", "left"):
-        ax.spines[side].set_visible(False)
-    if title:
-        ax.set_title(title, fontsize=10)
-    return ax
-
-
 def draw_holdings(h, *, steps=None, ncols=4, axes=None):
     """Small multiples of ``ringlab.views.holdings``: for each step a grid of
     ranks (rows) x chunks (columns), each cell showing how many contributions
@@ -211,14 +179,21 @@ def spacetime_arrows(trace, time_model=None):
             for e, (t, d) in zip(trace, times)]
 
 
-def plot_spacetime(trace, time_model=None, *, labels=None, title=None):
+def plot_spacetime(trace, time_model=None, *, labels=None, title=None, ax=None):
     """A space-time diagram: one line per rank (rank 0 on top), time to the
     right, one arrow per message from sender (when it leaves) to receiver (when
-    it arrives). Colour = op. ``time_model``: see ``ringlab.timeline``."""
+    it arrives). Colour = op. ``time_model``: see ``ringlab.timeline``; by
+    default the message of step s travels from s - 1 to s. Pass ``ax`` to draw
+    into a subplot."""
     arrows = spacetime_arrows(trace, time_model)
     n = trace.world_size
     end = max([a["t1"] for a in arrows], default=1.0) or 1.0
-    fig, ax = _figure(min(14, 2.6 + 0.7 * max(trace.steps, 1)), min(9, 1.2 + 0.45 * n), left=0.75, right=0.9)
+    standalone = ax is None
+    if standalone:
+        fig, ax = _figure(min(14, 2.6 + 0.7 * max(trace.steps, 1)), min(9, 1.2 + 0.45 * n),
+                          left=0.75, right=0.9)
+    else:
+        fig = ax.figure
     for r in range(n):
         ax.axhline(r, color="0.85", lw=1, zorder=1)
     labels = len(arrows) <= 64 if labels is None else labels
@@ -242,10 +217,13 @@ def plot_spacetime(trace, time_model=None, *, labels=None, title=None):
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_xlim(0, end * 1.02)
     ax.set_xlabel("step" if time_model is None else "time (s)")
+    if time_model is None and trace.steps <= 30:
+        ax.set_xticks(range(trace.steps + 1))
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
-    ax.legend(handles=[plt.Line2D([], [], color=OP_COLOURS.get(o, "tab:purple"), label=str(o)) for o in ops],
-              loc="upper left", bbox_to_anchor=(1, 1), fontsize=8, frameon=False)
+    if standalone:   # (in a grid of subplots the legend would cover the next one)
+        ax.legend(handles=[plt.Line2D([], [], color=OP_COLOURS.get(o, "tab:purple"), label=str(o))
+                           for o in ops], loc="upper left", bbox_to_anchor=(1, 1), fontsize=8, frameon=False)
     ax.set_title(title or f"Messages over time: {n} ranks, {len(arrows)} messages", fontsize=10)
     return fig
 
