@@ -111,7 +111,7 @@ def _wrong_result(case, result, rank, out):
     note, hint = _first_bad_message(case, result)
     if note:
         fail.what += "\nFirst went wrong: " + note
-    fail.hint = hint or (f"The block that arrives from your left neighbour at step k came from rank "
+    fail.hint = hint or ("The block that arrives from your left neighbour at step k came from rank "
                          f"(rank - 1 - k) % N: store it at that index of your result.")
     steps = result.trace.steps
     if length and steps < n - 1:     # too few steps explain missing blocks before any index does

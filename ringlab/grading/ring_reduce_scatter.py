@@ -25,23 +25,17 @@ when L >= N (shorter vectors have empty chunks, which a program may skip).
 import numpy as np
 
 from . import checks, contributions as contrib
-from .report import Case, Failure, run_case
+from .report import Failure, run_case
 from ..world import run
 
 NAME = "ring_reduce_scatter"
 
 
 def cases(rng):
-    for n in (4, 3, 5, 6, 7, 8, 2, 1):
-        lengths = [3 * n, 3 * n + 1] if n > 1 else [5]
-        if n in (3, 5):
-            lengths.append(n - 1)     # shorter than the world: some chunks are empty
-        if n == 4:
-            lengths.append(0)
-        for length in lengths:
-            # Whole numbers in float64: every summation order gives the exact sum.
-            inputs = [rng.integers(-1000, 1000, length).astype(np.float64) for _ in range(n)]
-            yield Case(n, inputs, f"world_size={n}, length={length}")
+    """The same worlds and vectors as ring_allreduce's grader (a reduce-scatter is
+    its first half)."""
+    from .ring_allreduce import cases as allreduce_cases
+    return allreduce_cases(rng)
 
 
 def check(program, case, backend="sim"):
