@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	if ! { command -v chromium && command -v chromedriver; } >/dev/null && [ "$$(id -u)" = 0 ] \
 		&& command -v apt-get >/dev/null; then \
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; fi
-	$(BIN)/python -m pip install -e '.[test,book]'
+	$(BIN)/python -m pip install -e '.[test,book,torch]'
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 

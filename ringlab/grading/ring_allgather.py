@@ -112,7 +112,7 @@ def _wrong_result(case, result, rank, out):
     if note:
         fail.what += "\nFirst went wrong: " + note
     fail.hint = hint or ("The block that arrives from your left neighbour at step k came from rank "
-                         f"(rank - 1 - k) % N: store it at that index of your result.")
+                         "(rank - 1 - k) % N: store it at that index of your result.")
     steps = result.trace.steps
     if length and steps < n - 1:     # too few steps explain missing blocks before any index does
         fail.what = f"the program took only {steps} steps; a ring AllGather takes N-1 = {n - 1}\n" + fail.what
