@@ -1,0 +1,272 @@
+"""One rank of a ringlab program on a real process group (torch.distributed).
+
+This is the rank side of the torch backend: it gives the program the same
+``Comm`` as the simulator, but every ``send``/``recv`` becomes a
+``torch.distributed`` point-to-point call. It runs inside a process whose
+default process group is already initialised (by the worker pool of
+``ringlab.backends.pool``, or by ``torchrun`` in ``ringlab.launch``).
+
+Every message is a header (with the sender's causal step stamp, so clocks
+move exactly as in the simulator) and the payload's bytes: see ``wire.py``.
+
+The trace is recorded by the *sender* (it knows step, chunk, op, span, shape,
+dtype and the channel's sequence number), so the events of all ranks together
+are the simulator's events, and ``Trace`` sorts them the same way.
+
+Sends are buffered, as in the simulator's default mode: ``send`` copies the
+array, starts ``dist.isend`` and returns at once; the transfer completes when
+the receiver posts its ``recv``. ``finish`` waits for all of them at the end.
+(gloo tells that a send is complete only by blocking in ``wait()``, so past
+``MAX_IN_FLIGHT`` unconfirmed sends, ``send`` waits for the oldest, like MPI's
+eager limit.) One exception, ``ProcessComm.sendrecv``: it sends the array
+without a copy and returns once the peer has it, as ``MPI_Sendrecv`` does.
+
+Receives are posted lazily: ``irecv`` only queues a request, and ``wait``
+receives the messages of that (src, tag) channel in order up to it. That is
+enough because sends never wait for receives.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from collections import defaultdict, deque
+
+import numpy as np
+
+from ..errors import CommError
+from ..trace import Event
+from ..world import Comm, _dtype_name, _Rank, _World
+from . import status as st
+from . import wire
+from .outcome import Outcome
+
+MAX_NDIM = wire.HEADER_WORDS - 6
+# The dtypes that can travel; a message sends its index in this list.
+DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+          "float16", "float32", "float64", "complex64", "complex128")
+_CODE = {name: i for i, name in enumerate(DTYPES)}
+MAX_IN_FLIGHT = (4096, 256 << 20)     # buffered sends not yet known to be received: messages, bytes
+current_world = None                  # the ProcessWorld of the run in progress (see worker.py)
+
+
+class _Request:
+    """A pending ``isend`` or ``irecv``. A buffered send is done at once; an
+    unbuffered one (inside ``sendrecv``) holds its transfers in ``works``."""
+
+    __slots__ = ("_world", "kind", "peer", "tag", "done", "payload", "step", "error", "expect",
+                 "out", "works")
+
+    def __init__(self, world, kind, peer, tag):
+        self._world, self.kind, self.peer, self.tag = world, kind, peer, tag
+        self.done, self.payload, self.step, self.error = kind == "send", None, 0, None
+        self.expect = self.out = self.works = None
+
+    def wait(self):
+        return self._world._wait(self)
+
+    def is_completed(self):
+        return self.done
+
+
+class ProcessWorld:
+    """What ``Comm`` talks to on one real rank: the same methods as the
+    simulator's world (``_isend``, ``_irecv``, ``_wait``) over torch.distributed."""
+
+    _check_peer = _World._check_peer       # same checks, same error messages
+
+    def __init__(self, rank, world_size, device=None, status=None):
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.ranks = {rank: _Rank(rank)}
+        self.events = []
+        self.sent = defaultdict(int)              # (dst, tag) -> messages sent
+        self.received = defaultdict(int)          # (src, tag) -> messages received
+        self.posted = defaultdict(deque)          # (src, tag) -> irecvs not yet received
+        self.in_flight = deque()                  # (works, tensors, dst, nbytes) of buffered sends
+        self.in_flight_bytes = 0
+        self.status = status or st.Status.dummy()
+        self.wire = wire.Wire(device)
+
+    # -- sending --------------------------------------------------------------
+    def _isend(self, me, array, dst, chunk, op, tag, buffered=True):
+        dst = self._check_peer(me, dst, "send", "dst")
+        if not isinstance(array, np.ndarray):
+            raise CommError(f"rank {me.rank}, step {me.clock + 1}: send(dst={dst}) needs a numpy "
+                            f"array, got {type(array).__name__}. Hint: np.asarray(value).")
+        if array.dtype.name not in _CODE:
+            raise CommError(f"rank {me.rank}, step {me.clock + 1}: send(dst={dst}): dtype "
+                            f"{array.dtype} cannot travel between processes; use one of {', '.join(DTYPES)}")
+        if array.ndim > MAX_NDIM:
+            raise CommError(f"rank {me.rank}, step {me.clock + 1}: send(dst={dst}): at most "
+                            f"{MAX_NDIM} dimensions, got {array.ndim}")
+        # Buffered: a private, contiguous, native-byte-order copy travels.
+        payload = array if not buffered and array.flags.c_contiguous and array.dtype.isnative else (
+            np.array(array, copy=True, order="C", dtype=array.dtype.newbyteorder("=")))
+        me.clock += 1
+        seq = self.sent[(dst, tag)]
+        self.sent[(dst, tag)] = seq + 1
+        self.events.append(Event(me.clock, me.rank, dst, chunk, op, payload.nbytes, me.span_path,
+                                 tag, payload.shape, _dtype_name(payload.dtype), seq))
+        header = np.zeros(wire.HEADER_WORDS, np.int64)
+        has_chunk = isinstance(chunk, (int, np.integer)) and not isinstance(chunk, bool)
+        header[:6] = (me.clock, _CODE[payload.dtype.name], payload.nbytes, has_chunk,
+                      int(chunk) if has_chunk else 0, payload.ndim)
+        header[6:6 + payload.ndim] = payload.shape
+        self.status.count_send(dst)        # before the isend: "in flight" is never undercounted
+        works, tensors = self.wire.send(header, payload, dst, tag)
+        req = _Request(self, "send", dst, tag)
+        if not buffered:
+            req.done, req.works = False, (works, tensors, dst, payload.nbytes)
+            return req
+        self.in_flight.append((works, tensors, dst, payload.nbytes))
+        self.in_flight_bytes += payload.nbytes
+        # gloo tells that a send is complete only by blocking in wait(), so we
+        # can't free finished ones as we go. Like MPI's "eager limit": past a
+        # bound, wait for the oldest (its receiver must have posted the recv).
+        while len(self.in_flight) > MAX_IN_FLIGHT[0] or self.in_flight_bytes > MAX_IN_FLIGHT[1]:
+            self._complete(self.in_flight.popleft())
+        return req
+
+    def _complete(self, transfer, buffered=True):
+        works, _, dst, nbytes = transfer
+        clock = self.ranks[self.rank].clock
+        self.status.set(st.SEND, dst, 0, clock)
+        for w in works:
+            w.wait()
+        self.status.set(st.RUNNING, -1, 0, clock)
+        if buffered:
+            self.in_flight_bytes -= nbytes
+
+    # -- receiving ------------------------------------------------------------
+    def _irecv(self, me, src, out, shape, dtype, tag):
+        src = self._check_peer(me, src, "recv", "src")
+        if out is not None:
+            if not isinstance(out, np.ndarray):
+                raise CommError(f"rank {me.rank}: recv(src={src}, out=...) needs a numpy array to fill")
+            shape, dtype = out.shape, out.dtype
+        req = _Request(self, "recv", src, tag)
+        req.out = out
+        if shape is not None:
+            shape = tuple(int(d) for d in np.atleast_1d(shape)) if np.ndim(shape) else (int(shape),)
+        req.expect = (shape, None if dtype is None else np.dtype(dtype))
+        self.posted[(src, tag)].append(req)
+        return req
+
+    def _wait(self, req):
+        if req.kind == "send":
+            if req.works is not None:       # an unbuffered send: wait until it is received
+                self._complete(req.works, buffered=False)
+                req.works, req.done = None, True
+            return None
+        me = self.ranks[self.rank]
+        # Receives on one channel complete in the order they were posted, like
+        # the messages on it: receive earlier ones first.
+        while not req.done:
+            self._receive_next(me, req.peer, req.tag)
+        me.clock = max(me.clock, req.step)
+        if req.error is not None:
+            err, req.error = req.error, None
+            raise err
+        return req.payload
+
+    def _receive_next(self, me, src, tag):
+        req = self.posted[(src, tag)].popleft()
+        self.status.set(st.RECV, src, tag, me.clock)
+        words, data = self.wire.recv(src, tag)
+        step, code, nbytes, has_chunk, chunk, ndim = words[:6]
+        shape, dtype = tuple(words[6:6 + ndim]), np.dtype(DTYPES[code])
+        array = data.view(dtype).reshape(shape)
+        want_shape, want_dtype = req.expect
+        if (want_shape is not None and shape != want_shape) or (want_dtype is not None and dtype != want_dtype):
+            want = f"shape {want_shape if want_shape is not None else 'any'} {want_dtype if want_dtype is not None else ''}".strip()
+            req.error = CommError(
+                f"rank {self.rank}, step {step}: recv(src={src}) expected {want} but rank {src} sent "
+                f"shape {shape} {dtype} (its message of step {step}" + (f", chunk {chunk}" if has_chunk else "") + ")")
+        elif req.out is not None:
+            req.out[...] = array
+            array = req.out
+        self.received[(src, tag)] += 1
+        self.status.count_recv(src)
+        self.status.set(st.RUNNING, -1, 0, max(me.clock, step))
+        req.payload, req.step, req.done = array, step, True
+
+    # -- the end ----------------------------------------------------------------
+    def unwaited(self):
+        """``{(src, tag): n}``: receives posted with irecv but never waited for.
+        The simulator counts their messages as received, so we must too."""
+        return {k: len(q) for k, q in dict(self.posted).items() if q}
+
+    def report(self, **fields):
+        """An ``Outcome`` with what this rank sent and received so far. Safe to
+        call from another thread: it only copies (atomically, under the GIL)."""
+        me = self.ranks[self.rank]
+        unwaited = self.unwaited()
+        received = dict(self.received)
+        for key, n in unwaited.items():
+            received[key] = received.get(key, 0) + n
+        return Outcome(self.rank, events=list(self.events), spans=list(me.spans), received=received,
+                       unwaited=unwaited, step=me.clock, **fields)
+
+    def finish(self, drain=None):
+        """Receive the messages of posted-but-unwaited irecvs (``drain`` says how
+        many exist), then wait until every message we sent has been received."""
+        me = self.ranks[self.rank]
+        for (src, tag), count in (drain or {}).items():
+            for _ in range(count):
+                self._receive_next(me, src, tag)
+        while self.in_flight:
+            self._complete(self.in_flight.popleft())
+
+
+class ProcessComm(Comm):
+    """The simulator's ``Comm``, with one difference: ``sendrecv`` sends the array
+    without copying it, so it returns once the peer has received it (as
+    ``MPI_Sendrecv`` does, and as the simulator's rendezvous mode would). That
+    saves a copy of every chunk of a ring collective."""
+
+    def sendrecv(self, array, dst, src, *, chunk=None, op=None, tag=0):
+        req = self._world._isend(self._me, array, dst, chunk, op, tag, buffered=False)
+        got = self.recv(src, tag=tag)
+        req.wait()
+        return got
+
+
+def run_rank(program, x, args, kwargs, rank, world_size, device=None, status=None):
+    """Run ``program(comm, x, *args, **kwargs)`` as ``rank`` of the current
+    process group; returns ``(world, Outcome)``. Never raises for learner bugs."""
+    global current_world
+    world = current_world = ProcessWorld(rank, world_size, device, status)
+    comm = ProcessComm(world, rank)
+    world.status.set(st.RUNNING, -1, 0, 0)
+    try:
+        result = program(comm, x, *args, **(kwargs or {}))
+    except BaseException as e:  # noqa: BLE001 - reported with the rank's traceback
+        world.status.set(st.FAILED, -1, 0, comm.step)
+        return world, world.report(**error_report(e))
+    world.status.set(st.DONE, -1, 0, comm.step)
+    return world, world.report(result=result)
+
+
+def _hidden(filename):
+    path = filename.replace("\\", "/")
+    return ("/ringlab/backends/" in path or path.endswith("/ringlab/world.py")
+            or "/torch/" in path or path.startswith("<frozen"))
+
+
+def _frames(walk):
+    """``(filename, lineno, name, firstlineno)`` of the learner's frames. The
+    parent turns them into text (see ``outcome.format_frames``): it can read
+    lines of notebook cells, which this process cannot."""
+    return [(f.f_code.co_filename, lineno, f.f_code.co_name, f.f_code.co_firstlineno)
+            for f, lineno in walk if not _hidden(f.f_code.co_filename)]
+
+
+def error_report(exc):
+    """Outcome fields for an exception: its frames and its last line."""
+    return dict(error=exc, frames=_frames(traceback.walk_tb(exc.__traceback__)),
+                traceback="".join(traceback.format_exception_only(type(exc), exc)))
+
+
+def stack_report(frame):
+    """Where the main thread is now (asked for at a timeout), innermost 6 frames."""
+    return json.dumps(_frames(reversed(list(traceback.walk_stack(frame))))[-6:])

@@ -1,0 +1,117 @@
+"""How one ringlab message travels as torch.distributed point-to-point transfers.
+
+A ringlab receiver need not say what it expects (``recv(src)`` returns "the
+next message"), but ``torch.distributed.recv`` must be handed a buffer big
+enough for it. So every message starts with a header of 16 int64 =
+``[step, dtype code, nbytes, has_chunk, chunk, ndim, shape...]`` (``step`` is
+the sender's causal stamp, so the receiver's clock moves as in the simulator)
+and the payload's raw bytes follow. Transfers on one (src, dst, tag) channel
+arrive in the order they were sent, which is what keeps the two together.
+
+Done naively that costs two round trips per message: the receiver can only
+post the payload's receive once the header is in. gloo accepts a message
+*smaller* than the receive buffer, which allows two shortcuts:
+
+* small messages (up to ``EAGER`` bytes) travel inside the header transfer:
+  the receiver always posts ``header + EAGER`` bytes for it;
+* for a big message, the receiver posts, together with the header's receive,
+  a receive as big as the previous big message on the channel (a ring sends
+  chunks of the same size step after step). Sender and receiver both know
+  that size, so the sender knows whether the payload fits; if it doesn't, it
+  first sends one dummy byte into that buffer, then the payload on its own.
+
+NCCL needs a receive of exactly the size sent, so there (``device`` given)
+every message is a plain header transfer and then a payload transfer.
+"""
+
+from collections import defaultdict
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+HEADER_WORDS = 16
+HEADER_BYTES = 8 * HEADER_WORDS
+EAGER = 64 << 10
+_DUMMY = np.zeros(1, np.uint8)
+
+
+def as_bytes(array):
+    """A flat uint8 view of a contiguous array (any dtype travels as bytes)."""
+    return array.reshape(-1).view(np.uint8)
+
+
+class Wire:
+    def __init__(self, device=None):
+        self.device = device
+        self.shortcuts = device is None
+        self.sender_big = defaultdict(int)     # (dst, tag) -> bytes the receiver pre-posts next
+        self.receiver_big = defaultdict(int)   # (src, tag) -> the same, on the receiving side
+
+    def send(self, header, payload, dst, tag):
+        """Start sending one message; returns (works, tensors): wait for the works,
+        and keep the tensors alive until then."""
+        nbytes, head = payload.nbytes, header.view(np.uint8)
+        key = (dst, tag)
+        if not self.shortcuts:
+            buffers = [head] + ([as_bytes(payload)] if nbytes else [])
+        else:
+            posted = self.sender_big[key]
+            if nbytes <= EAGER:
+                buffers = [np.concatenate([head, as_bytes(payload)])] + ([_DUMMY] if posted else [])
+            else:
+                buffers = [head] + ([_DUMMY] if posted and nbytes > posted else []) + [as_bytes(payload)]
+            self.sender_big[key] = nbytes if nbytes > EAGER else 0
+        tensors = [self._tensor(b) for b in buffers]
+        return [dist.isend(t, dst, tag=tag) for t in tensors], tensors
+
+    def recv(self, src, tag):
+        """Receive one message: its header words and its payload bytes."""
+        key = (src, tag)
+        posted = self.receiver_big[key] if self.shortcuts else 0
+        first = np.empty(HEADER_BYTES + (EAGER if self.shortcuts else 0), np.uint8)
+        first_work = self._irecv(first, src, tag)
+        if posted:
+            big = np.empty(posted, np.uint8)
+            big_work = self._irecv(big, src, tag)
+        first_work.wait()
+        words = [int(v) for v in first[:HEADER_BYTES].view(np.int64)]
+        nbytes = words[2]
+        if self.shortcuts and nbytes <= EAGER:
+            data = first[HEADER_BYTES:HEADER_BYTES + nbytes].copy()
+            if posted:
+                big_work.wait()                # the dummy byte
+        elif posted and nbytes <= posted:
+            big_work.wait()
+            data = big if nbytes == posted else big[:nbytes].copy()
+        else:
+            if posted:
+                big_work.wait()                # the dummy byte
+            data = np.empty(nbytes, np.uint8)
+            if nbytes:
+                self._irecv(data, src, tag).wait()
+        if self.shortcuts:
+            self.receiver_big[key] = nbytes if nbytes > EAGER else 0
+        return words, data
+
+    def _tensor(self, array):
+        t = torch.from_numpy(array)            # shares memory: no copy on the CPU
+        return t if self.device is None else t.to(self.device)
+
+    def _irecv(self, array, src, tag):
+        if self.device is None:
+            return dist.irecv(torch.from_numpy(array), src, tag=tag)
+        return _DeviceRecv(array, src, tag, self.device)
+
+
+class _DeviceRecv:
+    """A receive into GPU memory, copied to ``array`` on ``wait()``."""
+
+    def __init__(self, array, src, tag, device):
+        self.array = array
+        self.tensor = torch.empty(array.shape, dtype=torch.uint8, device=device)
+        self.work = dist.irecv(self.tensor, src, tag=tag)
+
+    def wait(self):
+        self.work.wait()
+        self.array[...] = self.tensor.cpu().numpy()

@@ -1,0 +1,505 @@
+"""The torch backend: the same programs on real processes (gloo on CPU).
+
+Every check compares the real run with the simulator, which the other test
+files check against numpy and hand-derived values: same outputs, same trace
+event for event, same errors, same grades. Worker processes are reused
+across tests (starting one costs seconds), and killed ones are replaced.
+"""
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+import ringlab
+import ringlab.collectives
+import ringlab.grading
+from ringlab.errors import (CommError, DeadlockError, ProgramTimeout, RankError,
+                            UnreceivedMessagesError)
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                reason="backend='torch' needs PyTorch: pip install 'ringlab[torch]'")
+
+PY = sys.executable
+TORCHRUN = os.path.join(os.path.dirname(PY), "torchrun")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pool():
+    yield
+    from ringlab.backends import pool
+    pool.shutdown()
+    assert _ours(_descendants(os.getpid())) == [], "worker processes left behind after shutdown()"
+
+
+def _ours(pids):
+    """The pids that are ringlab workers or their zygote (other tests may have children too)."""
+    found = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"ringlab.backends.worker" in f.read():
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def _descendants(pid):
+    """Live (non-zombie) descendants of ``pid``, from /proc."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _worker_pids():
+    from ringlab.backends import pool
+    return [w.pid for w in pool.get_pool().workers]
+
+
+def _same(a, b):
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
+                and a.shape == b.shape and np.array_equal(a, b))
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _assert_same_run(program, inputs, **kw):
+    sim = ringlab.run(program, inputs, **kw)
+    real = ringlab.run(program, inputs, backend="torch", **kw)
+    assert all(_same(a, b) for a, b in zip(sim.outputs, real.outputs)), (sim.outputs, real.outputs)
+    assert real.trace == sim.trace, sim.trace.diff(real.trace)
+    assert real.trace.spans == sim.trace.spans
+    assert real.trace.unreceived == sim.trace.unreceived
+    return sim, real
+
+
+# -- every reference collective ----------------------------------------------------
+def _variants(n):
+    """Inputs that fit the usual collective signatures: a vector per rank (whole
+    numbers, so every summation order gives the same floats), a (world_size, 3)
+    block matrix per rank (AlltoAll), data on rank 0 only (broadcast)."""
+    rng = np.random.default_rng(n)
+    yield [rng.integers(-100, 100, 3 * n + 1).astype(np.float64) for _ in range(n)]
+    yield [rng.integers(-100, 100, (n, 3)).astype(np.float64) for _ in range(n)]
+    yield [np.arange(3 * n + 1.0)] + [None] * (n - 1)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("name", ringlab.collectives.__all__)
+def test_reference_collective_same_outputs_and_trace(name, world_size):
+    program = getattr(ringlab.collectives, name)
+    for inputs in _variants(world_size):
+        try:
+            ringlab.run(program, inputs)
+        except RankError:
+            continue                       # this input shape doesn't fit; try the next
+        sim, real = _assert_same_run(program, inputs)
+        assert len(sim.trace) > 0
+        return
+    pytest.fail(f"no input in _variants fits ringlab.collectives.{name}; add one")
+
+
+def test_bus_bandwidth_as_nccl_tests_defines_it():
+    from ringlab.backends.timing import bandwidths
+    assert bandwidths(1e9, 0.5, 8) == pytest.approx((2.0, 2.0 * 2 * 7 / 8))   # algbw S/t; busbw x 2(n-1)/n
+    assert bandwidths(3e9, 1.5, 2) == pytest.approx((2.0, 2.0))
+    # The factor is what a ring AllReduce sends per rank, in units of the vector: 2(n-1)/n.
+    n, length = 4, 1024
+    real = ringlab.run(ringlab.collectives.ring_allreduce, [np.ones(length, np.float32)] * n, backend="torch")
+    assert real.trace.bytes_sent() == [2 * (n - 1) * length * 4 // n] * n
+
+
+def test_kwargs_args_and_odd_arrays_travel():
+    from ringlab.collectives import chain_broadcast
+    _assert_same_run(chain_broadcast, [np.arange(10.0), None, None], kwargs={"segments": 3})
+
+    def odd(comm, x, scale):
+        right, left = (comm.rank + 1) % comm.world_size, (comm.rank - 1) % comm.world_size
+        for a in (x[::2] * scale, np.zeros((0, 3), np.int32), np.array(5, np.int16),
+                  np.arange(6, dtype=np.float32).reshape(2, 3).T, np.array([True, False]),
+                  np.ones(20000, np.complex64), np.arange(7, dtype=np.uint8)):
+            comm.send(a, right, chunk=(1, 2), op="copy", tag=3)
+        got = [comm.recv(left, tag=3) for _ in range(7)]
+        out = np.empty(20000, np.complex64)
+        req = comm.irecv(left, out=out, tag=4)
+        comm.isend(got[5] * 2, right, tag=4).wait()
+        assert req.wait() is out
+        with comm.span("inner"):
+            got.append(comm.sendrecv(x, right, left, chunk=0))
+        return got + [out, comm.step]
+
+    _assert_same_run(odd, [np.arange(5.0) + r for r in range(3)], args=(2.0,))
+
+
+def test_buffered_sends_and_unwaited_irecvs_as_in_the_simulator():
+    def everyone_sends_first(comm, x):       # fine with buffered sends, as in the simulator
+        n = comm.world_size
+        comm.send(x, (comm.rank + 1) % n)
+        return comm.recv((comm.rank - 1) % n)
+
+    _assert_same_run(everyone_sends_first, [np.full(300_000, r, float) for r in range(3)])
+
+    def posts_more_than_it_waits(comm, x):   # the simulator counts posted irecvs as received
+        if comm.rank == 0:
+            comm.send(x, 1)
+            comm.send(x + 1, 1, tag=2)
+            return x
+        first, _, _ = comm.irecv(0), comm.irecv(0, tag=2), comm.irecv(0)
+        return first.wait()
+
+    _assert_same_run(posts_more_than_it_waits, [np.arange(3.0), np.zeros(3)])
+
+
+# -- programs from __main__ ----------------------------------------------------------
+def test_program_defined_in_python_c_runs_on_real_processes():
+    code = textwrap.dedent("""
+        import numpy as np, ringlab
+
+        def neighbour(comm):
+            return (comm.rank + 1) % comm.world_size
+
+        @ringlab.collective
+        def pass_on(comm, x):
+            comm.send(x * SCALE, neighbour(comm), chunk=0, op="copy")
+            return comm.recv((comm.rank - 1) % comm.world_size)
+
+        def crash(comm, x):
+            raise KeyError("from __main__")
+
+        SCALE = 3.0
+        inputs = [np.arange(4.0) + r for r in range(3)]
+        sim, real = ringlab.run(pass_on, inputs), ringlab.run(pass_on, inputs, backend="torch")
+        print("same", real.trace == sim.trace, real.trace.spans == sim.trace.spans,
+              all(np.array_equal(a, b) for a, b in zip(sim.outputs, real.outputs)))
+        try:
+            ringlab.run(crash, inputs, backend="torch")
+        except ringlab.RankError as e:
+            print("error", e.rank, type(e.exc).__name__, "in crash" in e.program_traceback)
+    """)
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr
+    assert "same True True True" in out.stdout
+    assert "error 0 KeyError True" in out.stdout
+
+
+def test_importing_ringlab_does_not_import_torch():
+    code = ("import sys, numpy as np, ringlab, ringlab.collectives, ringlab.backends, ringlab.backends.pool\n"
+            "ringlab.run(ringlab.collectives.ring_allreduce, [np.ones(3)] * 2)\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# -- grading ----------------------------------------------------------------------------
+def test_grades_are_the_same_on_both_backends():
+    import ring_variants as v
+    for program in (ringlab.collectives.ring_allreduce, v.leftward_send_recv, v.accumulates_in_all_gather,
+                    v.receives_first_deadlock, v.one_step_too_many, v.not_implemented):
+        sim = ringlab.grade("ring_allreduce", program, seed=7, log=False)
+        real = ringlab.grade("ring_allreduce", program, seed=7, backend="torch", log=False)
+        assert (real.passed, real.not_implemented, str(real)) == (sim.passed, sim.not_implemented, str(sim))
+    assert ringlab.grade("ring_allreduce", v.leftward_send_recv, seed=7, backend="torch", log=False).passed
+    assert not ringlab.grade("ring_allreduce", v.accumulates_in_all_gather, seed=7, backend="torch",
+                             log=False).passed
+
+
+@pytest.mark.parametrize("exercise", sorted(set(ringlab.grading.GRADERS) & set(ringlab.collectives.__all__)
+                                             - {"ring_allreduce"}))
+def test_other_graders_pass_the_reference_on_both_backends(exercise):
+    program = getattr(ringlab.collectives, exercise)
+    sim = ringlab.grade(exercise, program, seed=3, log=False)
+    real = ringlab.grade(exercise, program, seed=3, backend="torch", log=False)
+    assert sim.passed and (real.passed, str(real)) == (sim.passed, str(sim))
+
+
+# -- faults ---------------------------------------------------------------------------
+def crash_on_rank_1(comm, x):
+    if comm.rank == 1:
+        raise ValueError("rank 1 gives up")
+    return comm.recv(1)
+
+
+def test_a_rank_that_raises_stops_the_run_and_names_rank_and_line():
+    ringlab.run(ringlab.collectives.ring_allreduce, [np.ones(4)] * 3, backend="torch")
+    before = _worker_pids()[:3]
+    with pytest.raises(RankError) as err:
+        ringlab.run(crash_on_rank_1, [np.ones(2)] * 3, backend="torch")
+    e = err.value
+    assert (e.rank, e.step, type(e.exc)) == (1, 0, ValueError)
+    assert e.trace is not None and len(e.trace) == 0      # nobody had sent anything
+    assert "crash_on_rank_1" in e.program_traceback
+    assert 'raise ValueError("rank 1 gives up")' in e.program_traceback   # the learner's own line
+    assert not any(_alive(p) for p in before), "the run's processes must be gone"
+    # ... and the next run works on fresh workers
+    _assert_same_run(ringlab.collectives.ring_allreduce, [np.arange(5.0)] * 3)
+
+
+def bad_dst(comm, x):
+    comm.send(x, comm.world_size)
+
+
+def not_an_array(comm, x):
+    comm.send([1, 2], (comm.rank + 1) % comm.world_size)
+
+
+def wrong_shape(comm, x):
+    if comm.rank == 0:
+        comm.send(np.zeros(3), 1, chunk=2)
+    else:
+        comm.recv(0, shape=(4,))
+
+
+@pytest.mark.parametrize("program", [bad_dst, not_an_array, wrong_shape])
+def test_comm_errors_are_the_simulators(program):
+    errors = []
+    for backend in ("sim", "torch"):
+        with pytest.raises(RankError) as err:
+            ringlab.run(program, [np.ones(2)] * 2, backend=backend)
+        assert isinstance(err.value.exc, CommError)
+        errors.append((err.value.rank, str(err.value.exc)))
+    assert errors[0] == errors[1]
+
+
+def ring_deadlock(comm, x):
+    return comm.recv((comm.rank + 1) % comm.world_size)
+
+
+def wrong_tag(comm, x):
+    if comm.rank == 0:
+        comm.send(x, 1, tag=1)
+    else:
+        comm.recv(0, tag=0)
+
+
+def wrong_peer(comm, x):
+    if comm.rank == 0:
+        comm.send(x, 2)
+        return comm.recv(2)
+    return comm.recv(0 if comm.rank == 1 else 1)
+
+
+def test_deadlock_is_found_at_once_and_named_like_the_simulator():
+    sim = pytest.raises(DeadlockError, ringlab.run, ring_deadlock, [np.ones(2)] * 4).value
+    t = time.monotonic()
+    real = pytest.raises(DeadlockError, ringlab.run, ring_deadlock, [np.ones(2)] * 4,
+                         backend="torch", timeout=30).value
+    assert time.monotonic() - t < 15, "found by watching the ranks, not by the timeout"
+    assert (real.waiting, real.finished) == (sim.waiting, sim.finished)
+    assert "rank 3: waits in recv(src=0)" in str(real)
+    assert real.trace is not None and len(real.trace) == 0
+    # A message in flight to the wrong rank: the error's trace shows it, as the simulator's does.
+    sim = pytest.raises(DeadlockError, ringlab.run, wrong_peer, [np.ones(2)] * 3).value
+    real = pytest.raises(DeadlockError, ringlab.run, wrong_peer, [np.ones(2)] * 3, backend="torch").value
+    assert (real.waiting, real.finished) == (sim.waiting, sim.finished)
+    assert real.trace == sim.trace and real.trace.unreceived == sim.trace.unreceived
+    assert [(e.src, e.dst, e.step) for e in real.trace.unreceived] == [(0, 2, 1)]
+    # A message on the wrong tag is in flight, so only the timeout can tell:
+    sim = pytest.raises(DeadlockError, ringlab.run, wrong_tag, [np.ones(2)] * 2).value
+    real = pytest.raises(DeadlockError, ringlab.run, wrong_tag, [np.ones(2)] * 2,
+                         backend="torch", timeout=2).value
+    assert (real.waiting, real.finished) == (sim.waiting, sim.finished)
+
+
+def test_deadlock_rule_on_hand_made_status_blocks():
+    from ringlab.backends import status as st
+    from ringlab.backends.supervisor import _deadlock
+
+    def block(state, peer=-1, sent=(), received=()):
+        words = np.zeros(8 + 2 * st.MAX_RANKS, np.int64)
+        words[:4] = state, peer, 0, 3
+        for r, k in sent:
+            words[8 + r] = k
+        for r, k in received:
+            words[8 + st.MAX_RANKS + r] = k
+        return words
+
+    # rank 0 waits for rank 1, which has finished and sent it nothing more: deadlock
+    assert _deadlock([block(st.RECV, 1, received=[(1, 2)]), block(st.DONE, sent=[(0, 2)])]) == {
+        0: "waits in recv(src=1) (its clock: step 3)"}
+    # ... but not if a message from rank 1 is still on its way
+    assert _deadlock([block(st.RECV, 1, received=[(1, 2)]), block(st.DONE, sent=[(0, 3)])]) is None
+    # a rank finishing a send that its receiver already has is about to move on
+    assert _deadlock([block(st.DONE, received=[(1, 4)]), block(st.SEND, 0, sent=[(0, 4)])]) is None
+    # a send to a finished rank that never took it can't complete
+    assert 1 in _deadlock([block(st.DONE, received=[(1, 3)]), block(st.SEND, 0, sent=[(0, 4)])])
+    # anyone running can still change everything
+    assert _deadlock([block(st.RECV, 1), block(st.RUNNING)]) is None
+
+
+def spins_on_rank_0(comm, x):
+    if comm.rank == 0:
+        while True:
+            pass
+    return comm.recv(0)
+
+
+def test_a_hang_ends_at_the_timeout_naming_the_ranks():
+    pids = _worker_pids()[:3]
+    t = time.monotonic()
+    with pytest.raises(ProgramTimeout) as err:
+        ringlab.run(spins_on_rank_0, [np.ones(2)] * 3, backend="torch", timeout=2)
+    assert time.monotonic() - t < 15
+    text = str(err.value)
+    assert err.value.rank == 0 and "within 2 s" in text
+    assert "while True" in text                          # where rank 0 was
+    assert "rank 1: waits in recv(src=0)" in text and "rank 2: waits in recv(src=0)" in text
+    assert not any(_alive(p) for p in pids)
+
+
+def sends_one_too_many(comm, x):
+    if comm.rank == 0:
+        comm.send(x, 1, chunk=0)
+        comm.send(x, 1, chunk=1)
+    else:
+        comm.recv(0)
+    return x
+
+
+def dies(comm, x):
+    if comm.rank == 1:
+        os._exit(7)
+    return comm.recv(1)
+
+
+def test_unreceived_messages_and_a_dying_process():
+    sim = pytest.raises(UnreceivedMessagesError, ringlab.run, sends_one_too_many, [np.ones(2)] * 2).value
+    real = pytest.raises(UnreceivedMessagesError, ringlab.run, sends_one_too_many, [np.ones(2)] * 2,
+                         backend="torch").value
+    assert real.leftovers == sim.leftovers and len(real.leftovers) == 1
+    _assert_same_run(sends_one_too_many, [np.ones(2)] * 2, check_unreceived=False)
+    with pytest.raises(RankError, match="the process of rank 1 died"):
+        ringlab.run(dies, [np.ones(2)] * 2, backend="torch")
+
+
+def test_nccl_runs_on_gpus_or_says_why_not():
+    inputs = [np.arange(6.0)] * 2
+    try:
+        real = ringlab.run(ringlab.collectives.ring_allreduce, inputs, backend="nccl", timeout=60)
+    except RankError as e:                  # this machine has no 2 GPUs (the usual case here)
+        assert "needs one CUDA GPU per rank" in str(e)
+        return
+    assert real.trace == ringlab.run(ringlab.collectives.ring_allreduce, inputs).trace
+
+
+def test_a_busy_port_is_no_obstacle(monkeypatch):
+    from ringlab.backends import pool
+    pool.shutdown()                               # start from scratch, with the usual port taken
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(s.getsockname()[1]))
+        _assert_same_run(ringlab.collectives.ring_allreduce, [np.arange(6.0)] * 2)
+
+
+def test_killing_the_parent_takes_the_workers_with_it():
+    code = ("import numpy as np, ringlab\n"
+            "import ringlab.collectives\n"
+            "from ringlab.backends import pool\n"
+            "ringlab.run(ringlab.collectives.ring_allreduce, [np.ones(3)] * 2, backend='torch')\n"
+            "print(*[w.pid for w in pool.get_pool().workers], pool.get_pool().zygote.proc.pid, flush=True)\n"
+            "import time; time.sleep(60)\n")
+    proc = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 3
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids), "workers outlived their parent"
+
+
+# -- the multi-node launcher, on one machine ---------------------------------------------
+LAUNCHED = textwrap.dedent("""
+    import numpy as np
+    from ringlab.collectives import ring_allreduce
+
+    def inputs(world_size):
+        return [np.arange(10.0) * (r + 1) for r in range(world_size)]
+
+    def crash(comm, x):
+        if comm.rank == 1:
+            raise ValueError("rank 1 gives up")
+        return comm.recv(1)
+
+    def stuck(comm, x):
+        return comm.recv((comm.rank + 1) % comm.world_size)
+""")
+
+
+def _torchrun(tmp_path, nproc, *args):
+    (tmp_path / "launched.py").write_text(LAUNCHED)
+    mark = uuid.uuid4().hex
+    env = dict(os.environ, RINGLAB_TEST_MARK=mark, PYTHONPATH=str(tmp_path))
+    out = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), "-m", "ringlab.launch",
+                          *args], capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    left = [p for p in _marked(mark) if _alive(p)]
+    assert left == [], f"processes left behind: {left}"
+    return out
+
+
+def _marked(mark):
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if mark.encode() in f.read():
+                    found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists(TORCHRUN), reason="torchrun not found next to python")
+def test_launcher_under_torchrun(tmp_path):
+    out = _torchrun(tmp_path, 4, "launched:ring_allreduce", "--inputs", "launched:inputs",
+                    "--compare-sim", "--out", str(tmp_path / "result"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "on 4 ranks (gloo): 6 steps, 24 messages" in out.stdout
+    assert "same outputs as the simulator: True; same trace: True" in out.stdout
+    trace = ringlab.Trace.from_json((tmp_path / "result" / "trace.json").read_text())
+    assert trace == ringlab.run(ringlab.collectives.ring_allreduce,
+                                [np.arange(10.0) * (r + 1) for r in range(4)]).trace
+
+    out = _torchrun(tmp_path, 2, "launched:crash", "--inputs", "random:4")
+    assert out.returncode != 0
+    assert "rank 1 raised ValueError at step 0: rank 1 gives up" in out.stderr
+    assert 'raise ValueError("rank 1 gives up")' in out.stderr
+
+    out = _torchrun(tmp_path, 2, "launched:stuck", "--inputs", "random:4", "--timeout", "3")
+    assert out.returncode != 0
+    assert "did not finish within 3 s; it waits in recv(src=" in out.stderr
