@@ -182,6 +182,26 @@ def test_buffered_sends_and_unwaited_irecvs_as_in_the_simulator():
     _assert_same_run(posts_more_than_it_waits, [np.arange(3.0), np.zeros(3)])
 
 
+def test_received_arrays_the_program_keeps_are_never_overwritten():
+    # The backend reuses a channel's receive buffer once nobody refers to it; an array
+    # the program kept (or a view of one, or a tensor sharing its memory) must stay intact.
+    def keep_some(comm, x):
+        if comm.rank == 0:
+            for k in range(6):
+                comm.send(np.full(200_000, float(k)), 1)      # 1.6 MB: a "big" message
+            return None
+        import torch
+        kept = [comm.recv(0)]                                  # k = 0, kept as is
+        view = comm.recv(0)[::2]                               # k = 1, only a view kept
+        tensor = torch.from_numpy(comm.recv(0))                # k = 2, kept as a tensor
+        dropped = [float(comm.recv(0)[0]) for _ in range(3)]   # k = 3..5, let go at once
+        return [float(kept[0].max()), float(kept[0].min()), float(view.max()), float(view.min()),
+                float(tensor.max()), float(tensor.min())] + dropped
+
+    res = ringlab.run(keep_some, [None, None], backend="torch")
+    assert res.outputs[1] == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 4.0, 5.0]
+
+
 # -- programs from __main__ ----------------------------------------------------------
 def test_program_defined_in_python_c_runs_on_real_processes():
     code = textwrap.dedent("""

@@ -20,10 +20,15 @@ post the payload's receive once the header is in. gloo accepts a message
   that size, so the sender knows whether the payload fits; if it doesn't, it
   first sends one dummy byte into that buffer, then the payload on its own.
 
+Receive buffers are reused: the header's always (its bytes never leave
+``recv``), a big message's once the program has let go of the array it got
+(see ``_spare``), because first-touching fresh memory is slow on some machines.
+
 NCCL needs a receive of exactly the size sent, so there (``device`` given)
 every message is a plain header transfer and then a payload transfer.
 """
 
+import sys
 from collections import defaultdict
 
 import numpy as np
@@ -41,12 +46,26 @@ def as_bytes(array):
     return array.reshape(-1).view(np.uint8)
 
 
+def _references(array):
+    return sys.getrefcount(array)
+
+
+def _alone():
+    buf = np.empty(1, np.uint8)        # held by this local name only, as in Wire._spare
+    return _references(buf)
+
+
+_ALONE = _alone()    # 3 on CPython 3.11 (local, argument, getrefcount's own); measured, not assumed
+
+
 class Wire:
     def __init__(self, device=None):
         self.device = device
         self.shortcuts = device is None
         self.sender_big = defaultdict(int)     # (dst, tag) -> bytes the receiver pre-posts next
         self.receiver_big = defaultdict(int)   # (src, tag) -> the same, on the receiving side
+        self.heads = {}                        # (src, tag) -> the buffer headers arrive in
+        self.spares = {}                       # (src, tag) -> the last big message's buffer
 
     def send(self, header, payload, dst, tag):
         """Start sending one message; returns (works, tensors): wait for the works,
@@ -69,13 +88,15 @@ class Wire:
         """Receive one message: its header words and its payload bytes."""
         key = (src, tag)
         posted = self.receiver_big[key] if self.shortcuts else 0
-        first = np.empty(HEADER_BYTES + (EAGER if self.shortcuts else 0), np.uint8)
+        first = self.heads.get(key)
+        if first is None:
+            first = self.heads[key] = np.empty(HEADER_BYTES + (EAGER if self.shortcuts else 0), np.uint8)
         first_work = self._irecv(first, src, tag)
         if posted:
-            big = np.empty(posted, np.uint8)
+            big = self._spare(key, posted)
             big_work = self._irecv(big, src, tag)
         first_work.wait()
-        words = [int(v) for v in first[:HEADER_BYTES].view(np.int64)]
+        words = first[:HEADER_BYTES].view(np.int64).tolist()
         nbytes = words[2]
         if self.shortcuts and nbytes <= EAGER:
             data = first[HEADER_BYTES:HEADER_BYTES + nbytes].copy()
@@ -87,12 +108,24 @@ class Wire:
         else:
             if posted:
                 big_work.wait()                # the dummy byte
-            data = np.empty(nbytes, np.uint8)
+            data = self._spare(key, nbytes)
             if nbytes:
                 self._irecv(data, src, tag).wait()
         if self.shortcuts:
             self.receiver_big[key] = nbytes if nbytes > EAGER else 0
+        if nbytes > EAGER:
+            self.spares[key] = data            # next time, if the program is done with it
         return words, data
+
+    def _spare(self, key, nbytes):
+        """A buffer for ``nbytes``: the channel's previous one if it has that size
+        and nothing refers to it any more (then its contents are no one's)."""
+        buf = self.spares.pop(key, None)
+        # The program's array, any view of it, or a tensor sharing its memory
+        # would each add a reference to the ones of a buffer held only by `buf`.
+        if buf is None or buf.nbytes != nbytes or _references(buf) > _ALONE:
+            buf = np.empty(nbytes, np.uint8)
+        return buf
 
     def _tensor(self, array):
         t = torch.from_numpy(array)            # shares memory: no copy on the CPU
