@@ -249,17 +249,21 @@ class _World:
             ch.messages.append((ev, payload, req))
         return req
 
-    def _irecv(self, me, src, out, shape, dtype, tag):
+    def _expect(self, me, src, out, shape, dtype):
+        """Check a receive's arguments: (src, (shape or None, dtype or None)) it expects."""
         src = self._check_peer(me, src, "recv", "src")
         if out is not None:
             if not isinstance(out, np.ndarray):
                 raise CommError(f"rank {me.rank}: recv(src={src}, out=...) needs a numpy array to fill")
             shape, dtype = out.shape, out.dtype
-        req = Request(self, "recv", me, src, tag)
-        req.out = out
         if shape is not None:
             shape = tuple(int(d) for d in np.atleast_1d(shape)) if np.ndim(shape) else (int(shape),)
-        req.expect = (shape, None if dtype is None else np.dtype(dtype))
+        return src, (shape, None if dtype is None else np.dtype(dtype))
+
+    def _irecv(self, me, src, out, shape, dtype, tag):
+        src, expect = self._expect(me, src, out, shape, dtype)
+        req = Request(self, "recv", me, src, tag)
+        req.out, req.expect = out, expect
         ch = self._channel((src, me.rank, tag))
         if ch.messages:
             self._match(*ch.messages.popleft(), req)

@@ -74,6 +74,7 @@ class ProcessWorld:
     simulator's world (``_isend``, ``_irecv``, ``_wait``) over torch.distributed."""
 
     _check_peer = _World._check_peer       # same checks, same error messages
+    _expect = _World._expect
 
     def __init__(self, rank, world_size, device=None, status=None):
         self.rank, self.world_size, self.device = rank, world_size, device
@@ -139,16 +140,9 @@ class ProcessWorld:
 
     # -- receiving ------------------------------------------------------------
     def _irecv(self, me, src, out, shape, dtype, tag):
-        src = self._check_peer(me, src, "recv", "src")
-        if out is not None:
-            if not isinstance(out, np.ndarray):
-                raise CommError(f"rank {me.rank}: recv(src={src}, out=...) needs a numpy array to fill")
-            shape, dtype = out.shape, out.dtype
+        src, expect = self._expect(me, src, out, shape, dtype)   # the simulator's checks
         req = _Request(self, "recv", src, tag)
-        req.out = out
-        if shape is not None:
-            shape = tuple(int(d) for d in np.atleast_1d(shape)) if np.ndim(shape) else (int(shape),)
-        req.expect = (shape, None if dtype is None else np.dtype(dtype))
+        req.out, req.expect = out, expect
         self.posted[(src, tag)].append(req)
         return req
 
