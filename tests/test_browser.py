@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import ringlab
-from ringlab.collectives import ring_allreduce
+from ringlab.collectives import binomial_broadcast, ring_allreduce
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(
@@ -89,18 +89,6 @@ def step_text(player):
     return player.find_element("css selector", ".rlp-stepno").text
 
 
-def binomial_broadcast(comm, x):
-    """Rank 0's vector to everyone: in step k+1 ranks below 2^k send to rank + 2^k."""
-    dist = 1
-    while dist < comm.world_size:
-        if comm.rank < dist and comm.rank + dist < comm.world_size:
-            comm.send(x, comm.rank + dist, chunk=0, op="copy")
-        elif dist <= comm.rank < 2 * dist:
-            x = comm.recv(comm.rank - dist)
-        dist *= 2
-    return x
-
-
 def ring4():
     return ringlab.run(ring_allreduce, [np.arange(8.0) * (r + 1) for r in range(4)]).trace
 
@@ -159,7 +147,7 @@ def test_notebook_snippets_on_one_page(browser, tmp_path):
     """Two notebook outputs on one page: one inline as myst-nb writes it into the
     book, one inserted the way JupyterLab does (innerHTML, then its scripts re-run)."""
     ring = ring4()
-    tree = ringlab.run(binomial_broadcast, [np.ones(4)] + [None] * 7).trace
+    tree = ringlab.run(binomial_broadcast, [np.ones(4)] + [None] * 7, args=(0,)).trace
     inserted = tree.show()._repr_html_()
     page = textwrap.dedent(f"""\
         <!DOCTYPE html><html><head><meta charset="utf-8"></head><body>

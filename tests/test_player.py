@@ -11,23 +11,12 @@ import pytest
 
 import ringlab
 from ringlab import Event, Trace
-from ringlab.collectives import ring_allreduce
+from ringlab.collectives import binomial_broadcast, ring_allreduce
 from ringlab.player import TracePlayer, infer_layout, layout, player_data
 
 
 def ring(n, length=8):
     return ringlab.run(ring_allreduce, [np.ones(length)] * n).trace
-
-
-def bcast_binomial(comm, x):
-    dist = 1
-    while dist < comm.world_size:
-        if comm.rank < dist and comm.rank + dist < comm.world_size:
-            comm.send(x, comm.rank + dist, chunk=0, op="copy")
-        elif dist <= comm.rank < 2 * dist:
-            x = comm.recv(comm.rank - dist)
-        dist *= 2
-    return x
 
 
 def reduce_to_root(comm, x):      # every rank sends to rank 0: a star, a tree rooted at 0
@@ -52,7 +41,7 @@ def test_infer_layout():
     assert infer_layout(ring(2)) == "ring"
     pipeline = Trace([Event(s, r, r + 1) for s, r in ((1, 0), (2, 1), (3, 2))], 4)
     assert infer_layout(pipeline) == "line"
-    assert infer_layout(ringlab.run(bcast_binomial, [np.ones(2)] + [None] * 7).trace) == "tree"
+    assert infer_layout(ringlab.run(binomial_broadcast, [np.ones(2)] + [None] * 7, args=(0,)).trace) == "tree"
     assert infer_layout(ringlab.run(reduce_to_root, [np.ones(2)] * 5).trace) == "tree"
     assert infer_layout(ringlab.run(alltoall, [np.ones(2)] * 5).trace) == "circle"
     assert infer_layout(Trace([], 3)) == "ring"
@@ -64,7 +53,7 @@ def test_positions():
     assert [tuple(map(float, p)) for p in pos] == [(0, -1), (1, 0), (0, 1), (-1, 0)]
     # binomial tree of 8 ranks: 0 -> 1, 2, 4; 1 -> 3, 5; 2 -> 6; 3 -> 7 (parent = i
     # with its top bit cleared). Depths: 0; 1, 2, 4 at 1; 3, 5, 6 at 2; 7 at 3.
-    tree = layout(ringlab.run(bcast_binomial, [np.ones(2)] + [None] * 7).trace)
+    tree = layout(ringlab.run(binomial_broadcast, [np.ones(2)] + [None] * 7, args=(0,)).trace)
     assert tree["kind"] == "tree"
     depth = [p[1] for p in tree["positions"]]
     assert depth == [0, 1, 1, 2, 1, 2, 2, 3]
