@@ -78,3 +78,18 @@ def ranges(mask):
     starts = np.r_[idx[0], idx[breaks + 1]]
     stops = np.r_[idx[breaks], idx[-1]] + 1
     return list(zip(starts.tolist(), stops.tolist()))
+
+
+def garbled(event, decoded, wrong_slot_hint):
+    """(note, hint) if a message's decoded payload is not a sum of inputs, or mixes
+    elements from different places of the vector (a chunk added into the wrong
+    slot); else None. Shared by the reduction graders."""
+    e = event
+    if any(d is None for d in decoded):
+        return f"step {e.step}: rank {e.src} sent rank {e.dst} values that are not sums of inputs", None
+    positions = [d[1] for d in decoded]
+    if None in positions or positions != list(range(positions[0], positions[0] + len(positions))):
+        return (f"step {e.step}: rank {e.src} sent rank {e.dst} a chunk that mixes elements from "
+                f"different places of the vector: a received chunk was added into the wrong slot",
+                wrong_slot_hint)
+    return None

@@ -173,16 +173,15 @@ def _first_bad_message(res, n, length):
         payload = res.payloads[(e.src, e.dst, e.tag, e.seq)]
         if payload.size:
             decoded.append((e, contrib.decode(payload, n)))
-    for e, dec in decoded:
+    for e, dec in decoded:       # values that are no sums come first: nothing else can be read
         if any(d is None for d in dec):
-            return f"step {e.step}: rank {e.src} sent rank {e.dst} values that are not sums of inputs", None
+            return contrib.garbled(e, dec, None)
     for e, dec in decoded:
-        positions = [d[1] for d in dec]
-        if None in positions or positions != list(range(positions[0], positions[0] + len(positions))):
-            return (f"step {e.step}: rank {e.src} sent rank {e.dst} a chunk that mixes elements from "
-                    f"different places of the vector: a received chunk was added into the wrong slot",
-                    "The chunk you receive at step k is the one your left neighbour sent, so compute its "
-                    "index from the sender's rank, (rank - 1 - k) % N, not from your own.")
+        problem = contrib.garbled(
+            e, dec, "The chunk you receive at step k is the one your left neighbour sent, so compute "
+                    "its index from the sender's rank, (rank - 1 - k) % N, not from your own.")
+        if problem:
+            return problem
     for e, dec in decoded:
         want = min(e.step, n)
         phase = "reduce-scatter" if e.step < n else "all-gather"

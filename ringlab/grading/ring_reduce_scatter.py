@@ -193,14 +193,11 @@ def _first_bad_message(res, n, outputs=()):
         if not payload.size:
             continue
         dec = contrib.decode(payload, n)
-        if any(d is None for d in dec):
-            return f"step {e.step}: rank {e.src} sent rank {e.dst} values that are not sums of inputs", None
-        positions = [d[1] for d in dec]
-        if None in positions or positions != list(range(positions[0], positions[0] + len(positions))):
-            return (f"step {e.step}: rank {e.src} sent rank {e.dst} a chunk that mixes elements from "
-                    f"different places of the vector: a received chunk was added into the wrong slot",
-                    "The chunk you receive at step k is the one your left neighbour sent at step k: "
+        problem = contrib.garbled(
+            e, dec, "The chunk you receive at step k is the one your left neighbour sent at step k: "
                     "compute its index from the neighbour's rank, not from your own.")
+        if problem:
+            return problem
         for coeffs, _ in dec:
             if max(coeffs) > 1:
                 return (f"step {e.step}: rank {e.src} sent rank {e.dst} a chunk in which "
