@@ -55,3 +55,27 @@ def test_works_in_rendezvous_mode_too():
     xs = [np.arange(7.0) + r for r in range(5)]
     res = ringlab.run(ring_allreduce, xs, mode="rendezvous")
     assert np.array_equal(res.outputs[3], np.sum(xs, axis=0))
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 9), length=st.integers(0, 30), seed=st.integers(0, 2**32 - 1))
+def test_out_sums_in_place_or_into_a_given_array_with_the_same_trace(n, length, seed):
+    rng = np.random.default_rng(seed)
+    xs = [rng.integers(-100, 100, length).astype(np.float64) for _ in range(n)]
+    before = [x.copy() for x in xs]
+    total = np.sum(xs, axis=0)
+    plain = ringlab.run(ring_allreduce, xs)
+
+    in_place = [x.copy() for x in xs]
+    res = ringlab.run(lambda comm, x: ring_allreduce(comm, x, out=x), in_place)
+    for x, out in zip(in_place, res.outputs):
+        assert out is x and np.array_equal(x, total)      # like dist.all_reduce: x now holds the sum
+    assert res.trace == plain.trace
+
+    targets = [np.full(length, np.nan) for _ in range(n)]
+    res = ringlab.run(lambda comm, x, outs: ring_allreduce(comm, x, out=outs[comm.rank]), xs,
+                      args=(targets,))
+    for out, target in zip(res.outputs, targets):
+        assert out is target and np.array_equal(target, total)
+    assert all(np.array_equal(a, b) for a, b in zip(xs, before)), "x must not change when out is another array"
+    assert res.trace == plain.trace

@@ -132,7 +132,7 @@ class ProcessWorld:
         works, _, dst, nbytes = transfer
         clock = self.ranks[self.rank].clock
         self.status.set(st.SEND, dst, 0, clock)
-        for w in works:
+        for w in reversed(works):          # the last one done means all are: one wake-up
             w.wait()
         self.status.set(st.RUNNING, -1, 0, clock)
         if buffered:

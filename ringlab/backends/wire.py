@@ -95,19 +95,17 @@ class Wire:
         if posted:
             big = self._spare(key, posted)
             big_work = self._irecv(big, src, tag)
+            # Whatever the sender sends, something lands in each of the two
+            # buffers, in order: waiting for the second first wakes us once.
+            big_work.wait()
         first_work.wait()
         words = first[:HEADER_BYTES].view(np.int64).tolist()
         nbytes = words[2]
         if self.shortcuts and nbytes <= EAGER:
             data = first[HEADER_BYTES:HEADER_BYTES + nbytes].copy()
-            if posted:
-                big_work.wait()                # the dummy byte
         elif posted and nbytes <= posted:
-            big_work.wait()
             data = big if nbytes == posted else big[:nbytes].copy()
         else:
-            if posted:
-                big_work.wait()                # the dummy byte
             data = self._spare(key, nbytes)
             if nbytes:
                 self._irecv(data, src, tag).wait()

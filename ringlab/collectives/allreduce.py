@@ -21,8 +21,11 @@ from .reduce import binomial_reduce
 
 
 @collective
-def ring_allreduce(comm, x):
+def ring_allreduce(comm, x, out=None):
     """Sum ``x`` over all ranks with the ring algorithm; every rank gets the sum.
+
+    The sum goes to a new array, or to ``out`` if given: ``out=x`` sums in
+    place, as ``torch.distributed.all_reduce`` does, and saves copying ``x``.
 
     >>> import numpy as np, ringlab
     >>> res = ringlab.run(ring_allreduce, [np.full(5, r, float) for r in range(3)])
@@ -31,7 +34,10 @@ def ring_allreduce(comm, x):
     """
     n, rank = comm.world_size, comm.rank
     right, left = (rank + 1) % n, (rank - 1) % n
-    out = np.array(x, copy=True)           # never modify the caller's array
+    if out is None:
+        out = np.array(x, copy=True)       # never modify the caller's array unless asked to
+    elif out is not x:
+        out[...] = x
     chunks = np.array_split(out, n)        # views into `out`; sizes differ by at most 1
 
     # Phase 1, reduce-scatter. At step k rank r sends chunk (r - k) and receives
