@@ -454,6 +454,49 @@ def test_nccl_runs_on_gpus_or_says_why_not():
     assert real.trace == ringlab.run(ringlab.collectives.ring_allreduce, inputs).trace
 
 
+def _with_device_framing(program):
+    """``program``, run with the message framing used for GPUs (header, then a
+    payload of exactly its size, received into a device tensor), the device
+    being the CPU: the NCCL code path of wire.py, minus NCCL."""
+    def framed(comm, x, *args, **kwargs):
+        import torch
+        from ringlab.backends import protocol, wire
+        protocol.current_world.wire = wire.Wire(device=torch.device("cpu"))
+        return program(comm, x, *args, **kwargs)
+    return framed
+
+
+@pytest.mark.parametrize("name", ["ring_allreduce", "binomial_broadcast", "pairwise_alltoall"])
+def test_gpu_framing_gives_the_same_outputs_and_trace(name):
+    program = getattr(ringlab.collectives, name)
+    for inputs in _variants(4):
+        try:
+            sim = ringlab.run(program, inputs)
+        except RankError:
+            continue
+        real = ringlab.run(_with_device_framing(program), inputs, backend="torch")
+        assert all(_same(a, b) for a, b in zip(sim.outputs, real.outputs))
+        assert real.trace == sim.trace, sim.trace.diff(real.trace)
+        return
+    pytest.fail(f"no input in _variants fits {name}")
+
+
+def test_gpu_framing_carries_big_and_changing_messages():
+    # Sizes above and below the eager limit, growing and shrinking, empty and 0-d arrays.
+    def sizes(comm, x):
+        right, left = (comm.rank + 1) % comm.world_size, (comm.rank - 1) % comm.world_size
+        got = []
+        for n in (10, 200_000, 3, 50_000, 0):
+            got.append(comm.sendrecv(np.arange(n, dtype=np.float32) + comm.rank, right, left))
+        got.append(comm.sendrecv(np.array(7, np.int16), right, left))
+        return got
+    sim = ringlab.run(sizes, [None] * 3)
+    real = ringlab.run(_with_device_framing(sizes), [None] * 3, backend="torch")
+    for a, b in zip(sim.outputs, real.outputs):
+        assert all(x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y) for x, y in zip(a, b))
+    assert real.trace == sim.trace
+
+
 def test_a_busy_port_is_no_obstacle(monkeypatch):
     from ringlab.backends import pool
     pool.shutdown()                               # start from scratch, with the usual port taken
