@@ -38,6 +38,7 @@ lab: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/ring_allreduce.py
+	$(BIN)/python bench/torch_allreduce.py
 
 clean:
 	rm -rf _build
