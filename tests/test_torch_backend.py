@@ -461,7 +461,9 @@ def _with_device_framing(program):
     def framed(comm, x, *args, **kwargs):
         import torch
         from ringlab.backends import protocol, wire
-        protocol.current_world.wire = wire.Wire(device=torch.device("cpu"))
+        world = protocol.current_world
+        world.device = torch.device("cpu")
+        world.wire = wire.Wire(device=world.device)
         return program(comm, x, *args, **kwargs)
     return framed
 
@@ -495,6 +497,40 @@ def test_gpu_framing_carries_big_and_changing_messages():
     for a, b in zip(sim.outputs, real.outputs):
         assert all(x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y) for x, y in zip(a, b))
     assert real.trace == sim.trace
+
+
+def earlier_irecv_then_sendrecv(comm, x):
+    # A receive posted before the sendrecv, on the same channel, gets the earlier message.
+    right, left = (comm.rank + 1) % comm.world_size, (comm.rank - 1) % comm.world_size
+    comm.send(x * 10, right, chunk=0)
+    first = comm.irecv(left)
+    second = comm.sendrecv(x + 1, right, left, chunk=1)
+    return first.wait(), second, comm.step
+
+
+def sendrecv_to_nobody(comm, x):
+    return comm.sendrecv(x, comm.world_size, 0)
+
+
+def sendrecv_from_nobody(comm, x):
+    return comm.sendrecv(x, 0, -1)
+
+
+def test_gpu_framing_sendrecv_keeps_channel_order_and_errors():
+    inputs = [np.arange(4.0) + r for r in range(3)]
+    sim = ringlab.run(earlier_irecv_then_sendrecv, inputs)
+    real = ringlab.run(_with_device_framing(earlier_irecv_then_sendrecv), inputs, backend="torch")
+    for (a1, a2, a3), (b1, b2, b3) in zip(sim.outputs, real.outputs):
+        assert np.array_equal(a1, b1) and np.array_equal(a2, b2) and a3 == b3
+    assert real.trace == sim.trace
+    for program in (sendrecv_to_nobody, sendrecv_from_nobody):
+        errors = []
+        for backend, prog in (("sim", program), ("torch", _with_device_framing(program))):
+            with pytest.raises(RankError) as err:
+                ringlab.run(prog, [np.ones(2)] * 2, backend=backend)
+            assert isinstance(err.value.exc, CommError)
+            errors.append((err.value.rank, str(err.value.exc)))
+        assert errors[0] == errors[1]
 
 
 def test_a_busy_port_is_no_obstacle(monkeypatch):

@@ -90,6 +90,24 @@ class ProcessWorld:
 
     # -- sending --------------------------------------------------------------
     def _isend(self, me, array, dst, chunk, op, tag, buffered=True):
+        dst, payload, header = self._outgoing(me, array, dst, chunk, op, tag, buffered)
+        self.status.count_send(dst)        # before the isend: "in flight" is never undercounted
+        works, tensors = self.wire.send(header, payload, dst, tag)
+        req = _Request(self, "send", dst, tag)
+        if not buffered:
+            req.done, req.works = False, (works, tensors, dst, payload.nbytes)
+            return req
+        self.in_flight.append((works, tensors, dst, payload.nbytes))
+        self.in_flight_bytes += payload.nbytes
+        # gloo tells that a send is complete only by blocking in wait(), so we
+        # can't free finished ones as we go. Like MPI's "eager limit": past a
+        # bound, wait for the oldest (its receiver must have posted the recv).
+        while len(self.in_flight) > MAX_IN_FLIGHT[0] or self.in_flight_bytes > MAX_IN_FLIGHT[1]:
+            self._complete(self.in_flight.popleft())
+        return req
+
+    def _outgoing(self, me, array, dst, chunk, op, tag, buffered):
+        """Check a send, move the clock, record the event: ``(dst, payload, header)``."""
         dst = self._check_peer(me, dst, "send", "dst")
         if not isinstance(array, np.ndarray):
             raise CommError(f"rank {me.rank}, step {me.clock + 1}: send(dst={dst}) needs a numpy "
@@ -113,20 +131,24 @@ class ProcessWorld:
         header[:6] = (me.clock, _CODE[payload.dtype.name], payload.nbytes, has_chunk,
                       int(chunk) if has_chunk else 0, payload.ndim)
         header[6:6 + payload.ndim] = payload.shape
-        self.status.count_send(dst)        # before the isend: "in flight" is never undercounted
-        works, tensors = self.wire.send(header, payload, dst, tag)
-        req = _Request(self, "send", dst, tag)
-        if not buffered:
-            req.done, req.works = False, (works, tensors, dst, payload.nbytes)
-            return req
-        self.in_flight.append((works, tensors, dst, payload.nbytes))
-        self.in_flight_bytes += payload.nbytes
-        # gloo tells that a send is complete only by blocking in wait(), so we
-        # can't free finished ones as we go. Like MPI's "eager limit": past a
-        # bound, wait for the oldest (its receiver must have posted the recv).
-        while len(self.in_flight) > MAX_IN_FLIGHT[0] or self.in_flight_bytes > MAX_IN_FLIGHT[1]:
-            self._complete(self.in_flight.popleft())
-        return req
+        return dst, payload, header
+
+    def _sendrecv_grouped(self, me, array, dst, src, chunk, op, tag):
+        """``sendrecv`` on GPUs: the send and the receive go to NCCL as one group
+        (``batch_isend_irecv``), headers first, then payloads. Issued one after
+        the other, an NCCL send may wait for its receive, so two ranks sending
+        to each other first would wait for ever (NVIDIA/nccl#479)."""
+        dst, payload, header = self._outgoing(me, array, dst, chunk, op, tag, buffered=False)
+        req = self._irecv(me, src, None, None, None, tag)
+        queue = self.posted[(req.peer, tag)]
+        while queue[0] is not req:         # messages already due on that channel come first
+            self._receive_next(me, req.peer, tag)
+        queue.popleft()
+        self.status.count_send(dst)
+        self.status.set(st.RECV, req.peer, tag, me.clock)
+        words, data = self.wire.exchange(header, payload, dst, req.peer, tag)
+        self._deliver(me, req, words, data)
+        return self._wait(req)
 
     def _complete(self, transfer, buffered=True):
         works, _, dst, nbytes = transfer
@@ -166,7 +188,11 @@ class ProcessWorld:
     def _receive_next(self, me, src, tag):
         req = self.posted[(src, tag)].popleft()
         self.status.set(st.RECV, src, tag, me.clock)
-        words, data = self.wire.recv(src, tag)
+        self._deliver(me, req, *self.wire.recv(src, tag))
+
+    def _deliver(self, me, req, words, data):
+        """Complete receive ``req`` with a message's header words and bytes."""
+        src, tag = req.peer, req.tag
         step, code, nbytes, has_chunk, chunk, ndim = words[:6]
         shape, dtype = tuple(words[6:6 + ndim]), np.dtype(DTYPES[code])
         array = data.view(dtype).reshape(shape)
@@ -216,9 +242,12 @@ class ProcessComm(Comm):
     """The simulator's ``Comm``, with one difference: ``sendrecv`` sends the array
     without copying it, so it returns once the peer has received it (as
     ``MPI_Sendrecv`` does, and as the simulator's rendezvous mode would). That
-    saves a copy of every chunk of a ring collective."""
+    saves a copy of every chunk of a ring collective. On GPUs the send and the
+    receive go to NCCL as one group (see ``ProcessWorld._sendrecv_grouped``)."""
 
     def sendrecv(self, array, dst, src, *, chunk=None, op=None, tag=0):
+        if self._world.device is not None:
+            return self._world._sendrecv_grouped(self._me, array, dst, src, chunk, op, tag)
         req = self._world._isend(self._me, array, dst, chunk, op, tag, buffered=False)
         got = self.recv(src, tag=tag)
         req.wait()
@@ -231,6 +260,11 @@ def run_rank(program, x, args, kwargs, rank, world_size, device=None, status=Non
     global current_world
     world = current_world = ProcessWorld(rank, world_size, device, status)
     comm = ProcessComm(world, rank)
+    if device is not None:
+        # NCCL sets up its communicator in the first collective, and when that is
+        # a batch_isend_irecv (our sendrecv) every rank must take part: make it this.
+        import torch.distributed as dist
+        dist.barrier()
     world.status.set(st.RUNNING, -1, 0, 0)
     try:
         result = program(comm, x, *args, **(kwargs or {}))

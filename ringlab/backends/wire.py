@@ -25,7 +25,8 @@ Receive buffers are reused: the header's always (its bytes never leave
 (see ``_spare``), because first-touching fresh memory is slow on some machines.
 
 NCCL needs a receive of exactly the size sent, so there (``device`` given)
-every message is a plain header transfer and then a payload transfer.
+every message is a plain header transfer and then a payload transfer; and
+``sendrecv`` goes as two groups of a send and a receive (``exchange``).
 """
 
 import sys
@@ -114,6 +115,36 @@ class Wire:
         if nbytes > EAGER:
             self.spares[key] = data            # next time, if the program is done with it
         return words, data
+
+    def exchange(self, header, payload, dst, src, tag):
+        """Send one message to ``dst`` and receive one from ``src``, each step as
+        one group (``batch_isend_irecv``): the two headers, then the two payloads,
+        whose sizes the headers tell. Used on GPUs (see ``ProcessWorld``)."""
+        head_in = np.empty(HEADER_BYTES, np.uint8)
+        self._group([(header.view(np.uint8), dst)], [(head_in, src)], tag)
+        words = head_in.view(np.int64).tolist()
+        data = np.empty(words[2], np.uint8)
+        self._group([(as_bytes(payload), dst)] if payload.nbytes else [],
+                    [(data, src)] if data.nbytes else [], tag)
+        return words, data
+
+    def _group(self, sends, recvs, tag):
+        """Post ``sends`` [(array, dst)] and ``recvs`` [(array, src)] together and
+        wait for all of them; what arrives is copied into the recvs' arrays."""
+        ops, landing = [], []
+        for array, dst in sends:
+            ops.append(dist.P2POp(dist.isend, self._tensor(array), dst, tag=tag))
+        for array, src in recvs:
+            t = torch.from_numpy(array) if self.device is None else torch.empty(
+                array.shape, dtype=torch.uint8, device=self.device)
+            ops.append(dist.P2POp(dist.irecv, t, src, tag=tag))
+            landing.append((array, t))
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        for array, t in landing:
+            if self.device is not None:
+                array[...] = t.cpu().numpy()
 
     def _spare(self, key, nbytes):
         """A buffer for ``nbytes``: the channel's previous one if it has that size
