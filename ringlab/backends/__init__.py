@@ -10,6 +10,10 @@ Backends:
   gloo library through TCP on this machine;
 * ``"nccl"`` (also ``"torch-nccl"``): one process per rank, one GPU each
   (needs as many CUDA GPUs as ranks). Arrays are copied to the GPU to travel.
+  Not tested on GPUs by this project's CI (it has none). An NCCL send may
+  wait until its receive is posted, as in the simulator's
+  ``mode="rendezvous"``: check a program there first. ``sendrecv`` is sent
+  as one NCCL group, so rings of ``sendrecv`` are safe.
 
 The program gets the same ``comm`` as in the simulator; ``send``/``recv``
 become ``torch.distributed.isend``/``recv`` (see ``protocol.py`` for what goes
