@@ -61,7 +61,8 @@ class ProgramTimeout(RinglabError):
         super().__init__(
             f"timeout: the program did not finish within {seconds:g} s; {at}"
             + (f"\n{where}" if where else "")
-            + "\nHint: look for a loop whose exit condition is never met."
+            + "\nHint: look for a loop whose exit condition is never met, or a call that waits"
+            " for something no rank will do (sleep, a lock, input)."
         )
 
 

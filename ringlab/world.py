@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import signal
 import threading
 import traceback
 from collections import deque
@@ -366,11 +367,26 @@ def _program_traceback(exc):
     return text + "".join(traceback.format_exception_only(type(exc), exc))
 
 
+_WAKE = getattr(signal, "SIGUSR2", None)    # None on Windows
+
+
+def _woken(signum, frame):
+    """Does nothing: running it is what lets the pending interrupt be raised."""
+
+
 class _Watchdog:
-    """Interrupts the thread running the world after ``seconds``."""
+    """Interrupts the thread running the world after ``seconds``.
+
+    The interrupt is an asynchronous exception, which Python raises between
+    two bytecodes, so a program stuck in one long C call (``time.sleep(60)``,
+    waiting on a lock) would only see it when that call returns. On the main
+    thread the watchdog also sends a signal: it cuts the call short, Python
+    runs the (empty) handler, and the interrupt is raised there. The signal is
+    used only if nobody else handles it.
+    """
 
     def __init__(self, seconds):
-        self.seconds, self.fired = seconds, False
+        self.seconds, self.fired, self.wake = seconds, False, None
         self.thread_id = threading.get_ident()
         self.lock, self.stop = threading.Lock(), threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
@@ -382,9 +398,15 @@ class _Watchdog:
                     self.fired = True
                     ctypes.pythonapi.PyThreadState_SetAsyncExc(
                         ctypes.c_ulong(self.thread_id), ctypes.py_object(_Interrupt))
+                    if self.wake is not None:
+                        signal.pthread_kill(self.thread_id, self.wake)
 
     def __enter__(self):
         if self.seconds is not None:
+            if (_WAKE is not None and threading.current_thread() is threading.main_thread()
+                    and signal.getsignal(_WAKE) == signal.SIG_DFL):
+                signal.signal(_WAKE, _woken)
+                self.wake = _WAKE
             self.thread.start()
         return self
 
@@ -393,6 +415,10 @@ class _Watchdog:
             self.stop.set()
             if self.fired:   # fired but maybe not yet delivered: withdraw it
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread_id), None)
+        if self.wake is not None:
+            # A signal sent under the lock has been delivered by now (we took the
+            # lock after it); one not yet handled is dropped with the default action.
+            signal.signal(self.wake, signal.SIG_DFL)
         return False
 
 

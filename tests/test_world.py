@@ -1,5 +1,7 @@
 """The simulated world: semantics, determinism and every error path."""
 
+import signal
+import threading
 import time
 
 import numpy as np
@@ -250,3 +252,36 @@ def test_trace_table_text_and_html():
     assert text.splitlines()[0].split() == ["step", "src", "dst", "chunk", "op", "nbytes", "span"]
     assert len(text.splitlines()) == 1 + len(t)
     assert t._repr_html_().count("<tr>") == 1 + len(t)
+
+
+@pytest.mark.parametrize("stuck", [
+    lambda: time.sleep(60),                  # one long C call: the interrupt alone would wait for it
+    lambda: threading.Event().wait(),        # blocks on a lock for ever
+])
+def test_a_rank_stuck_in_a_blocking_call_is_stopped_too(stuck):
+    def prog(comm, x):
+        if comm.rank == 1:
+            stuck()
+        return x
+    t = time.perf_counter()
+    with pytest.raises(ProgramTimeout, match="within 0.3 s; rank 1") as err:
+        ringlab.run(prog, [np.zeros(1)] * 3, timeout=0.3)
+    assert time.perf_counter() - t < 5.0
+    assert "stuck()" in str(err.value)                     # the learner's line
+    # The signal handler is put back, and the next run is not disturbed.
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+    time.sleep(0.4)
+    assert ringlab.run(ring_shift, [np.zeros(1)] * 2).outputs[0].shape == (1,)
+
+
+def test_a_signal_someone_else_handles_is_left_alone():
+    seen = []
+    previous = signal.signal(signal.SIGUSR2, lambda *a: seen.append(a))
+    try:
+        assert ringlab.run(ring_shift, [np.zeros(1)] * 2).outputs[0].shape == (1,)
+        assert signal.getsignal(signal.SIGUSR2) not in (signal.SIG_DFL, None)
+        with pytest.raises(ProgramTimeout):
+            ringlab.run(lambda comm, x: time.sleep(1.0), [0, 0], timeout=0.2)   # the sleep ends on its own
+        assert seen == []                                    # we never used their signal
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
