@@ -163,7 +163,8 @@ def _report(opt, program, inputs, args, kwargs, outcomes, world_size, seconds):
             pickle.dump(results, f)
         with open(os.path.join(opt.out, "trace.json"), "w") as f:
             f.write(trace.to_json())
-        print(f"wrote {opt.out}/outputs.pkl and {opt.out}/trace.json")
+        print(f"wrote {opt.out}/outputs.pkl and {opt.out}/trace.json; to look at the trace in a notebook:\n"
+              f"    ringlab.Trace.from_json(open({os.path.join(opt.out, 'trace.json')!r}).read()).show()")
     if not opt.compare_sim:
         return 0
     from .world import run
