@@ -1,6 +1,7 @@
 """The ``ringlab`` command.
 
     ringlab grade NOTEBOOK...     run notebooks headless and print their grades
+                                  (--csv FILE: one row per grader and notebook, for a class)
     ringlab make-exercises        regenerate exercises/ from solutions/ (--check: only compare)
 
 ``grade`` exits 0 only if every notebook ran without a failing cell and every
@@ -8,6 +9,7 @@ grader in it passed.
 """
 
 import argparse
+import csv
 import json
 import os
 import sys
@@ -44,8 +46,23 @@ def grade_notebook(path, timeout=600):
     return reports, errors
 
 
+CSV_FIELDS = ("notebook", "exercise", "result", "cases_passed", "cases_total", "failed_check", "seed",
+              "cell_errors")
+
+
+def _rows(path, reports, errors):
+    """The CSV rows of one notebook: one per grader run, or one saying none ran."""
+    base = {"notebook": str(path), "cell_errors": " | ".join(errors)}
+    if not reports:
+        return [{**base, "result": "no grader ran"}]
+    return [{**base, "exercise": r["exercise"], "seed": r.get("seed"),
+             "result": "passed" if r["passed"] else "not implemented" if r["not_implemented"] else "failed",
+             "cases_passed": r.get("cases_passed"), "cases_total": r.get("cases_total"),
+             "failed_check": r.get("check") or ""} for r in reports]
+
+
 def _grade(args):
-    ok = True
+    ok, rows = True, []
     for path in args.notebooks:
         print(f"== {path}")
         reports, errors = grade_notebook(path, timeout=args.timeout)
@@ -56,6 +73,12 @@ def _grade(args):
         if not reports:
             print("no grader ran in this notebook (is there a ringlab.grade(...) cell?)")
         ok = ok and not errors and bool(reports) and all(r["passed"] for r in reports)
+        rows += _rows(path, reports, errors)
+        if args.csv:       # written after every notebook: a long class run keeps what it has done
+            with open(args.csv, "w", newline="") as f:
+                writer = csv.DictWriter(f, CSV_FIELDS)
+                writer.writeheader()
+                writer.writerows(rows)
     print("PASSED" if ok else "FAILED")
     return 0 if ok else 1
 
@@ -74,6 +97,7 @@ def main(argv=None):
     g = sub.add_parser("grade", help="run notebooks headless and print their grades")
     g.add_argument("notebooks", nargs="+")
     g.add_argument("--timeout", type=int, default=600, help="seconds per cell")
+    g.add_argument("--csv", metavar="FILE", help="also write one row per grader and notebook to FILE")
     g.set_defaults(func=_grade)
     m = sub.add_parser("make-exercises", help="regenerate exercises/ from solutions/")
     m.add_argument("--root", default=".")

@@ -1,5 +1,6 @@
 """Exercise notebooks are generated from solutions, run cleanly unsolved, and grade from the CLI."""
 
+import csv
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +56,22 @@ def test_cli_exit_codes(tmp_path):
     failed = run(bad)
     assert failed.returncode == 1
     assert "cell 1 raised ZeroDivisionError" in failed.stdout and "no grader ran" in failed.stdout
+
+    # An instructor's summary of a class: one row per grader run and notebook.
+    unsolved = ROOT / "exercises" / "01_ring_allreduce.ipynb"
+    wrong = tmp_path / "wrong.ipynb"      # returns its input: no sum at all
+    nbformat.write(new_notebook(cells=[new_code_cell(
+        'import ringlab\nringlab.grade("ring_allreduce", lambda comm, x: x, seed=3)')],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}}), wrong)
+    table = tmp_path / "grades.csv"
+    both = run(good, unsolved, wrong, bad, "--csv", table)
+    assert both.returncode == 1
+    rows = list(csv.DictReader(table.open()))
+    assert [(r["notebook"], r["exercise"], r["result"]) for r in rows] == [
+        (str(good), "ring_allreduce", "passed"),
+        (str(unsolved), "ring_allreduce", "not implemented"),
+        (str(wrong), "ring_allreduce", "failed"),
+        (str(bad), "", "no grader ran")]
+    assert rows[2]["seed"] == "3" and rows[2]["failed_check"] != "" and rows[2]["cell_errors"] == ""
+    assert rows[0]["cases_passed"] == rows[0]["cases_total"] != "0" and rows[0]["seed"] != ""
+    assert "ZeroDivisionError" in rows[3]["cell_errors"] and rows[0]["cell_errors"] == ""

@@ -45,7 +45,10 @@ def grade(exercise_id, program, *, seed=None, backend="sim", log=True):
     if log and path:   # `ringlab grade NOTEBOOK` collects the reports of a notebook run this way
         with open(path, "a") as f:
             f.write(json.dumps({"exercise": exercise_id, "passed": report.passed,
-                                "not_implemented": report.not_implemented, "text": str(report)}) + "\n")
+                                "not_implemented": report.not_implemented, "seed": report.seed,
+                                "cases_passed": report.cases_passed, "cases_total": report.cases_total,
+                                "check": report.failure.check if report.failure else None,
+                                "text": str(report)}) + "\n")
     return report
 
 
