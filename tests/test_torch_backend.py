@@ -622,3 +622,31 @@ def test_launcher_under_torchrun(tmp_path):
     out = _torchrun(tmp_path, 2, "launched:stuck", "--inputs", "random:4", "--timeout", "3")
     assert out.returncode != 0
     assert "did not finish within 3 s; it waits in recv(src=" in out.stderr
+
+
+@pytest.mark.skipif(not os.path.exists(TORCHRUN), reason="torchrun not found next to python")
+def test_launcher_as_two_nodes_on_one_machine(tmp_path):
+    # The README's two-machine command, with both "machines" here: two torchrun
+    # agents (node ranks 0 and 1, 2 processes each) meeting at one master address.
+    (tmp_path / "launched.py").write_text(LAUNCHED)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mark = uuid.uuid4().hex
+    env = dict(os.environ, RINGLAB_TEST_MARK=mark, PYTHONPATH=str(tmp_path))
+    nodes = [subprocess.Popen([TORCHRUN, "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(node),
+                               "--master-addr", "127.0.0.1", "--master-port", str(port),
+                               "-m", "ringlab.launch", "launched:ring_allreduce", "--inputs", "launched:inputs",
+                               "--compare-sim"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+             for node in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=240) for p in nodes]
+    finally:
+        for p in nodes:
+            p.kill()
+    assert [p.returncode for p in nodes] == [0, 0], [err[-2000:] for _, err in outs]
+    assert "on 4 ranks (gloo): 6 steps, 24 messages" in outs[0][0]        # rank 0 lives on node 0
+    assert "same outputs as the simulator: True; same trace: True" in outs[0][0]
+    assert "same trace" not in outs[1][0]                                  # node 1 only takes part
+    assert [p for p in _marked(mark) if _alive(p)] == [], "processes left behind"
