@@ -416,8 +416,9 @@ class _Watchdog:
             if self.fired:   # fired but maybe not yet delivered: withdraw it
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread_id), None)
         if self.wake is not None:
-            # A signal sent under the lock has been delivered by now (we took the
-            # lock after it); one not yet handled is dropped with the default action.
+            # Put the default back. A wake-up signal can only have been sent before
+            # we took the lock; if Python had not run our handler for it yet, it
+            # now skips it (with a note on stderr) rather than ending the process.
             signal.signal(self.wake, signal.SIG_DFL)
         return False
 
