@@ -404,7 +404,7 @@ class _Watchdog:
     def __enter__(self):
         if self.seconds is not None:
             if (_WAKE is not None and threading.current_thread() is threading.main_thread()
-                    and signal.getsignal(_WAKE) == signal.SIG_DFL):
+                    and signal.getsignal(_WAKE) in (signal.SIG_DFL, _woken)):
                 signal.signal(_WAKE, _woken)
                 self.wake = _WAKE
             self.thread.start()
@@ -415,10 +415,10 @@ class _Watchdog:
             self.stop.set()
             if self.fired:   # fired but maybe not yet delivered: withdraw it
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread_id), None)
-        if self.wake is not None:
-            # Put the default back. A wake-up signal can only have been sent before
-            # we took the lock; if Python had not run our handler for it yet, it
-            # now skips it (with a note on stderr) rather than ending the process.
+        if self.wake is not None and not self.fired:
+            # Nothing was sent: put the default back. After a wake-up we keep the
+            # empty handler, because a signal still on its way would otherwise
+            # meet the default action, which ends the process.
             signal.signal(self.wake, signal.SIG_DFL)
         return False
 
