@@ -135,15 +135,14 @@ class Wire:
         for array, dst in sends:
             ops.append(dist.P2POp(dist.isend, self._tensor(array), dst, tag=tag))
         for array, src in recvs:
-            t = torch.from_numpy(array) if self.device is None else torch.empty(
-                array.shape, dtype=torch.uint8, device=self.device)
+            t = self._landing(array)
             ops.append(dist.P2POp(dist.irecv, t, src, tag=tag))
             landing.append((array, t))
         if ops:
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
-        for array, t in landing:
-            if self.device is not None:
+        if self.device is not None:
+            for array, t in landing:
                 array[...] = t.cpu().numpy()
 
     def _spare(self, key, nbytes):
@@ -160,19 +159,24 @@ class Wire:
         t = torch.from_numpy(array)            # shares memory: no copy on the CPU
         return t if self.device is None else t.to(self.device)
 
-    def _irecv(self, array, src, tag):
+    def _landing(self, array):
+        """Where a receive into ``array`` lands: ``array``'s own memory on the CPU,
+        a GPU tensor of its size on a device (copied into ``array`` afterwards)."""
         if self.device is None:
-            return dist.irecv(torch.from_numpy(array), src, tag=tag)
-        return _DeviceRecv(array, src, tag, self.device)
+            return torch.from_numpy(array)
+        return torch.empty(array.shape, dtype=torch.uint8, device=self.device)
+
+    def _irecv(self, array, src, tag):
+        tensor = self._landing(array)
+        work = dist.irecv(tensor, src, tag=tag)
+        return work if self.device is None else _DeviceRecv(work, array, tensor)
 
 
 class _DeviceRecv:
     """A receive into GPU memory, copied to ``array`` on ``wait()``."""
 
-    def __init__(self, array, src, tag, device):
-        self.array = array
-        self.tensor = torch.empty(array.shape, dtype=torch.uint8, device=device)
-        self.work = dist.irecv(self.tensor, src, tag=tag)
+    def __init__(self, work, array, tensor):
+        self.work, self.array, self.tensor = work, array, tensor
 
     def wait(self):
         self.work.wait()
