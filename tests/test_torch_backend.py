@@ -650,3 +650,20 @@ def test_launcher_as_two_nodes_on_one_machine(tmp_path):
     assert "same outputs as the simulator: True; same trace: True" in outs[0][0]
     assert "same trace" not in outs[1][0]                                  # node 1 only takes part
     assert [p for p in _marked(mark) if _alive(p)] == [], "processes left behind"
+
+
+def print_then_maybe_fail(comm, x):
+    print(f"rank {comm.rank} was here")
+    if comm.rank == 1:
+        raise ValueError("rank 1 gives up")
+    return x
+
+
+def test_prints_of_finished_ranks_are_shown_when_the_run_fails(capsys):
+    # As in the simulator, where they are printed as the program runs (there rank 2
+    # never starts: rank 1's error ends the run first).
+    for backend in ("sim", "torch"):
+        with pytest.raises(RankError):
+            ringlab.run(print_then_maybe_fail, [np.ones(1)] * 3, backend=backend)
+        out = capsys.readouterr().out
+        assert "rank 0 was here" in out and "rank 1 was here" in out, (backend, out)

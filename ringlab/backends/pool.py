@@ -121,7 +121,7 @@ class Pool:
 
     def take(self, n):
         """The first ``n`` workers, started (in parallel) if needed."""
-        self.workers = [w for w in self.workers if w.alive()]
+        self.discard([w for w in self.workers if not w.alive()])   # closes their pipes too
         self._start(n - len(self.workers))
         deadline = time.monotonic() + START_TIMEOUT
         for w in self.workers[:n]:
@@ -142,8 +142,10 @@ class Pool:
         self.workers += [_Worker(self.zygote) for _ in range(count)]
 
     def discard(self, workers, replace=False):
-        """Kill ``workers``; with ``replace``, start as many new ones right away, so
-        that they import torch while the caller looks at the error."""
+        """Kill ``workers`` (those still in the pool: a worker is killed only once);
+        with ``replace``, start as many new ones right away, so that they import
+        torch while the caller looks at the error."""
+        workers = [w for w in workers if w in self.workers]
         for w in workers:
             w.kill()
         self.workers = [w for w in self.workers if w not in workers]

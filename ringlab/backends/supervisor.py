@@ -77,7 +77,7 @@ def run(backend, program, inputs, *, args=(), kwargs=None, timeout=10.0, check_u
             _wait_idle(pool, workers)
         return RunResult([o.result for o in outcomes], trace, None)
     except BaseException:
-        pool.discard([w for w in workers if w in pool.workers], replace=True)
+        pool.discard(workers, replace=True)
         raise
     finally:
         if os.path.exists(store):
@@ -85,10 +85,24 @@ def run(backend, program, inputs, *, args=(), kwargs=None, timeout=10.0, check_u
 
 
 def _collect(workers, timeout, program):
-    """Wait for every rank's outcome, or raise the error that ends the run."""
+    """Wait for every rank's outcome, or raise the error that ends the run. When
+    the run fails, what the ranks that did finish printed is shown first: in the
+    simulator it would have been printed already."""
+    finished = {}
+    try:
+        return _wait_for_outcomes(workers, timeout, program, finished)
+    except BaseException:
+        for r in sorted(finished):
+            if finished[r].printed:
+                sys.stdout.write(finished[r].printed)
+        raise
+
+
+def _wait_for_outcomes(workers, timeout, program, outcomes):
+    """``_collect``'s work; the outcomes of ranks that finished go into ``outcomes``."""
     n = len(workers)
     conns = {w.conn: r for r, w in enumerate(workers)}
-    started, outcomes = set(), {}
+    started = set()
     t0 = time.monotonic()
     program_start = None
     previous = None                                # last status snapshot, for deadlock detection
