@@ -113,14 +113,16 @@ def span_times(trace, times):
     """``[(span, start, end), ...]``: a span covers its rank's steps ``start+1 .. end``,
     and at least every message that rank sent inside it."""
     ends = step_ends(trace, times)
+    sends = defaultdict(list)                    # rank -> [(event, start, end)] of its sends
+    for e, (a, d) in zip(trace, times):
+        sends[e.src].append((e, a, a + d))
     out = []
     for sp in trace.spans:
         t0, t1 = ends[min(sp.start, trace.steps)], ends[min(sp.end, trace.steps)]
         # Its rank's sends inside it: same path (or nested under it) and within its
         # steps (two calls of one collective have the same path).
-        inner = [(a, a + d) for e, (a, d) in zip(trace, times)
-                 if e.src == sp.rank and sp.start < e.step <= sp.end
-                 and (e.span + "/").startswith(sp.path + "/")]
+        inner = [(a, b) for e, a, b in sends[sp.rank]
+                 if sp.start < e.step <= sp.end and (e.span + "/").startswith(sp.path + "/")]
         t0 = min([t0] + [a for a, _ in inner])
         t1 = max([t1] + [b for _, b in inner])
         out.append((sp, t0, t1))

@@ -108,12 +108,12 @@ class HoldingsTable:
             return "all"
         return "{" + ",".join(map(str, sorted(held))) + "}"
 
-    def _messages(self, s):
-        return ", ".join(f"{e.src}→{e.dst} c{e.chunk} {e.op}" for e in self.trace.at_step(s))
-
     def rows(self):
         """``[step, messages, [cells of rank 0], [cells of rank 1], ...]`` per step."""
-        return [[s, self._messages(s) if s else "(start)"]
+        by_step = self.trace.by_step()
+        messages = {s: ", ".join(f"{e.src}→{e.dst} c{e.chunk} {e.op}" for e in evs)
+                    for s, evs in by_step.items()}
+        return [[s, messages.get(s, "") if s else "(start)"]
                 + [[self._cell(state[r][c]) for c in self.chunks] for r in range(self.world_size)]
                 for s, state in enumerate(self.h)]
 

@@ -52,7 +52,7 @@ def _label(chunk):
 
 
 def _title(trace):
-    calls = sorted({row["span"].split("/")[0] for row in trace.collectives()})
+    calls = sorted({sp.path.split("/")[0] for sp in trace.spans})
     what = ", ".join(calls) if calls else "trace"
     return (f"{what} · {trace.world_size} ranks · {trace.steps} steps · "
             f"{len(trace)} message{'s' if len(trace) != 1 else ''}")
@@ -78,14 +78,13 @@ def player_data(trace, *, layout_kind=None, title=None, detail_limit=DETAIL_LIMI
     ci = {c: i for i, c in enumerate(chunks)}
     oi = {o: i for i, o in enumerate(ops)}
     si = {s: i for i, s in enumerate(spans)}
-    events = [[e.step, e.src, e.dst, ci.get(e.chunk, -1) if e.chunk is not None else -1,
-               oi.get(e.op, -1) if e.op is not None else -1, e.nbytes, si[e.span]] for e in trace]
-    data = {"worldSize": n, "steps": trace.steps, "title": title or _title(trace),
+    events = [[e.step, e.src, e.dst, ci.get(e.chunk, -1), oi.get(e.op, -1), e.nbytes, si[e.span]]
+              for e in trace]
+    held, note = _holdings(trace, chunks, detail_limit)
+    return {"worldSize": n, "steps": trace.steps, "title": title or _title(trace),
             "layout": layout(trace, layout_kind), "detailLimit": detail_limit,
             "chunks": [_label(c) for c in chunks], "ops": ops, "spans": spans,
-            "events": events, "holdings": None, "note": ""}
-    data["holdings"], data["note"] = _holdings(trace, chunks, detail_limit)
-    return data
+            "events": events, "holdings": held, "note": note}
 
 
 def _sort_key(c):     # numbers in numeric order (0, 1, ..., 10), then any other labels
@@ -103,10 +102,7 @@ def _holdings(trace, chunks, detail_limit):
         return None, "Chunk colours need at most 64 chunk labels, numbered 0, 1, ...; showing messages."
     if (trace.steps + 1) * n * len(chunks) > MAX_CELLS:
         return None, "Too big to replay chunk holdings; showing messages only."
-    try:
-        h = holdings(trace, chunks)
-    except ValueError as exc:
-        return None, f"No chunk colours: {exc}"
+    h = holdings(trace, chunks)        # the checks above leave it nothing to object to
     if n > detail_limit:
         return {"mode": "aggregate",
                 "held": [[sum(len(s) for s in state[r].values()) for r in range(n)] for state in h]}, ""
