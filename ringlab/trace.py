@@ -65,7 +65,13 @@ class Event(NamedTuple):
     def from_dict(d):
         d = dict(d)
         d["shape"] = tuple(d.get("shape", ()))
+        d["chunk"] = _tuples(d.get("chunk"))     # JSON has no tuples: (src, dst) labels come back as lists
         return Event(**d)
+
+
+def _tuples(value):
+    """``value`` with every list turned back into a tuple (labels must stay hashable)."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def _order(e: Event):
