@@ -171,6 +171,10 @@ class RunResult:
     trace: Trace
     payloads: dict | None = None   # (src, dst, tag, seq) -> array, if record_payloads
 
+    def payload(self, event):
+        """The array message ``event`` carried (the run must have had ``record_payloads=True``)."""
+        return self.payloads[(event.src, event.dst, event.tag, event.seq)]
+
     @property
     def world_size(self):
         return self.trace.world_size
@@ -239,7 +243,7 @@ class _World:
                    payload.shape, _dtype_name(payload.dtype), ch.sent)
         ch.sent += 1
         self.events.append(ev)
-        if self.payloads is not None:
+        if self.payloads is not None:   # keyed as RunResult.payload looks it up
             self.payloads[(me.rank, dst, tag, ev.seq)] = payload
         req = Request(self, "send", me, dst, tag)
         req.event = ev

@@ -5,8 +5,9 @@
     >>> print(ringlab.grade("ring_allreduce", ring_allreduce, seed=1))
     ring_allreduce results: All test cases passed! (18 cases, world sizes 1-8)
 
-Each exercise id maps to a grader module in this package. A grader is a
-function ``check(program, rng) -> iterator of cases``; see ``report.py``.
+Each exercise id maps to a grader module in this package. A grader module
+defines ``cases(rng)``, yielding the worlds to run, and ``check(program, case,
+backend)``, which returns None or a ``Failure``; see ``report.py``.
 """
 
 import importlib
@@ -15,7 +16,7 @@ import os
 
 from .report import Failure, Report, grade_cases
 
-# exercise id -> module in ringlab.grading that defines CASES and check_case
+# exercise id -> module in ringlab.grading that defines cases(rng) and check(program, case, backend)
 GRADERS = {
     "ring_allreduce": "ring_allreduce",
     "ring_allgather": "ring_allgather",

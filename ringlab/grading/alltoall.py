@@ -22,7 +22,7 @@ partners), any order, send/recv or isend/irecv or sendrecv, labelled or not.
 Checks 3-5 follow payloads, which only the simulator records.
 """
 
-from . import blocks as B
+from . import blocks as B, checks
 from .report import Failure
 
 NAME = "alltoall"
@@ -40,8 +40,8 @@ def check(program, case, backend="sim"):
     if failure:
         return failure
     trace = result.trace
-    hub = next((r for r in range(case.world_size)
-                if case.world_size > 2 and all(r in (e.src, e.dst) for e in trace)), None)
+    # With one or two ranks every message touches every rank: no hub to speak of.
+    hub = checks.hub(trace, case.world_size) if case.world_size > 2 else None
     # Other ranks' blocks first: a misrouted block says more than an own block sent along.
     for block, events in sorted(carried.items(), key=lambda kv: (kv[0][0] == kv[0][1], kv[1][0].step)):
         for e in events:

@@ -24,6 +24,7 @@ binary heap does too).
 from . import checks
 from .report import Failure
 from .tree_broadcast import bad_peer, cases, run_broadcast  # noqa: F401 - the same cases
+from ..cost import ceil_log2
 
 NAME = "binomial_broadcast"
 
@@ -44,10 +45,6 @@ GENERIC = ("In step k+1 (k = 0, 1, ...) every rank that has the data, the positi
            "every step.")
 
 
-def _ceil_log2(n):
-    return (n - 1).bit_length()
-
-
 def check(program, case, backend="sim"):
     n, root = case.world_size, case.info["root"]
     result, failure = run_broadcast(program, case, backend, explain=_explain_run_failure)
@@ -57,7 +54,7 @@ def check(program, case, backend="sim"):
     failure = checks.broadcast_receives(trace, case, root)
     if failure:
         return failure
-    k = _ceil_log2(n)
+    k = ceil_log2(n)
     if trace.steps > k:
         last = max(trace, key=lambda e: e.step)
         return Failure(case.label, "at most ceil(log2 N) steps",

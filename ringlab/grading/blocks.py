@@ -98,7 +98,7 @@ def hops(case, result):
     carried = defaultdict(list)
     length = len(case.inputs[0][0])
     for e in result.trace:
-        found = contents(result.payloads[(e.src, e.dst, e.tag, e.seq)], idx)
+        found = contents(result.payload(e), idx)
         if not found:
             return Failure(case.label, "every message carries blocks",
                            f"at step {e.step} rank {e.src} sent rank {e.dst} a message with no block in it",

@@ -19,9 +19,9 @@ def ring_neighbours(trace, case, algorithm, hub_text, hint=None):
     for e in trace:
         if n > 2 and e.dst not in ((e.src + 1) % n, (e.src - 1) % n):
             # A hub that is an end of every message: a central (parameter-server) scheme.
-            hub = next((r for r in range(n) if all(r in (x.src, x.dst) for x in trace)), None)
-            if hub is not None:
-                hint = f"Every message goes to or from rank {hub}: that is {hub_text}, not a {algorithm}."
+            centre = hub(trace, n)
+            if centre is not None:
+                hint = f"Every message goes to or from rank {centre}: that is {hub_text}, not a {algorithm}."
             return Failure(
                 case.label, "messages go only between ring neighbours",
                 f"at step {e.step} rank {e.src} sent to rank {e.dst}, which is not its neighbour "
@@ -32,17 +32,35 @@ def ring_neighbours(trace, case, algorithm, hub_text, hint=None):
     return None
 
 
-def message_bytes(trace, case, limit, *, check, expected, hint, whole=None, itemsize=8):
+def hub(trace, n):
+    """The lowest rank that is an end (sender or receiver) of every message, or
+    None. A program with such a rank routes everything through it."""
+    return next((r for r in range(n) if all(r in (e.src, e.dst) for e in trace)), None)
+
+
+def message_bytes(trace, case, limit, *, check, expected, hint, whole=None):
     """No message is bigger than ``limit`` bytes; a message of at least ``whole``
-    bytes is called "the whole vector"."""
+    bytes is called "the whole vector". Elements are float64, 8 bytes each."""
     for e in trace:
         if e.nbytes > limit:
             return Failure(
                 case.label, check,
                 f"at step {e.step} rank {e.src} sent rank {e.dst} {e.nbytes} bytes"
                 + (" (the whole vector)" if whole is not None and e.nbytes >= whole else ""),
-                expected=expected, got=f"{e.nbytes // itemsize} elements", hint=hint)
+                expected=expected, got=f"{e.nbytes // 8} elements", hint=hint)
     return None
+
+
+def one_chunk_per_message(trace, case, length):
+    """No message is bigger than one chunk of np.array_split(x, N) for a float64
+    vector of ``length`` elements: the check of ring AllReduce and ReduceScatter."""
+    n = case.world_size
+    max_chunk = -(-length // n) * 8
+    return message_bytes(
+        trace, case, max_chunk, check="one chunk per message", whole=length * 8,
+        expected=f"at most one chunk: ceil({length}/{n}) = {max_chunk // 8} elements, {max_chunk} bytes",
+        hint="Split the vector into world_size chunks (np.array_split) and send one chunk "
+             "per step; sending whole vectors costs N times the bandwidth.")
 
 
 def exact_steps(trace, case, want, *, check, expected, hint):

@@ -10,6 +10,8 @@ and short vectors.
 
 import numpy as np
 
+from ..world import run
+
 BASE = 16
 MAX_WORLD = 8
 
@@ -18,6 +20,17 @@ def probe_inputs(world_size, length):
     """The inputs that make contributions readable; one float64 vector per rank."""
     i = np.arange(length, dtype=np.float64)
     return [BASE ** r + i * float(BASE ** world_size) for r in range(world_size)]
+
+
+def probe_run(program, world_size, length):
+    """Run ``program`` on the probe inputs, recording payloads. Returns the
+    ``RunResult``, or None when the world is too big for the probe or the run fails."""
+    if world_size > MAX_WORLD:
+        return None
+    try:
+        return run(program, probe_inputs(world_size, length), record_payloads=True, timeout=10.0)
+    except Exception:   # noqa: BLE001 - it ran on random data, so a probe failure just means no detail
+        return None
 
 
 def decode(values, world_size):
@@ -67,17 +80,6 @@ def _ranks(rs, possessive=True):
 
 def _times(c):
     return {1: "once", 2: "twice"}.get(c, f"{c} times")
-
-
-def ranges(mask):
-    """Contiguous index ranges [(start, stop)] where ``mask`` is True."""
-    idx = np.flatnonzero(mask)
-    if not len(idx):
-        return []
-    breaks = np.flatnonzero(np.diff(idx) > 1)
-    starts = np.r_[idx[0], idx[breaks + 1]]
-    stops = np.r_[idx[breaks], idx[-1]] + 1
-    return list(zip(starts.tolist(), stops.tolist()))
 
 
 def garbled(event, decoded, wrong_slot_hint):

@@ -1,8 +1,10 @@
 """The grade report, and the loop that runs a grader's cases.
 
 A grader module defines ``cases(rng)``, yielding ``Case`` objects, and
-``check(program, case)``, which returns ``None`` when the case passes or a
-``Failure`` that says what went wrong, where, and what to try.
+``check(program, case, backend)``, which runs the program on ``backend``
+("sim", or a real one such as "torch"; see ``ringlab.run``) and returns
+``None`` when the case passes or a ``Failure`` that says what went wrong,
+where, and what to try.
 """
 
 from __future__ import annotations

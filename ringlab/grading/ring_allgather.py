@@ -56,20 +56,20 @@ def check(program, case, backend="sim"):
     for r, out in enumerate(result.outputs):
         if not np.array_equal(out, want):
             return _wrong_result(case, result, r, out)
-    return check_allgather_trace(result.trace, case, length, itemsize=8)
+    return check_allgather_trace(result.trace, case, length)
 
 
-def check_allgather_trace(trace, case, length, itemsize):
-    """Checks 3-6 on the trace of a ring AllGather of blocks of ``length`` elements."""
+def check_allgather_trace(trace, case, length):
+    """Checks 3-6 on the trace of a ring AllGather of blocks of ``length`` float64 elements."""
     n = case.world_size
     failure = checks.ring_neighbours(
         trace, case, "ring AllGather",
         "a gather to one rank and a broadcast from it (its link carries N-1 whole results)")
     if failure or length == 0:
         return failure
-    block = length * itemsize
+    block = length * 8
     return (checks.message_bytes(
-                trace, case, block, check="one block per message", whole=n * block, itemsize=itemsize,
+                trace, case, block, check="one block per message", whole=n * block,
                 expected=f"at most one block: L = {length} elements, {block} bytes",
                 hint="Pass on one block per step: the one you received in the step before. Sending "
                      "everything you have so far costs up to N/2 times the bandwidth.")
@@ -128,7 +128,7 @@ def _first_bad_message(case, result):
         return None, None
     seen = {}   # (src, dst, block) -> step it first crossed that link
     for e in result.trace:
-        payload = result.payloads[(e.src, e.dst, e.tag, e.seq)]
+        payload = result.payload(e)
         q = _whose(payload.ravel(), case.inputs)
         if q is None:
             return (f"step {e.step}: rank {e.src} sent rank {e.dst} {payload.size} values that are "

@@ -122,7 +122,7 @@ def _explain_wrong_block(case, result, failure):
     n, idx = case.world_size, B.index(case)
     if checks.ring_neighbours(result.trace, case, "", "") or B.hops(case, result)[0]:
         return                                 # not a ring of whole blocks: the later checks say so
-    blocks = {e: list(B.contents(result.payloads[(e.src, e.dst, e.tag, e.seq)], idx)) for e in result.trace}
+    blocks = {e: list(B.contents(result.payload(e), idx)) for e in result.trace}
     for g in result.trace:                     # canonical order: by step
         x = g.dst
         later = {b for e in result.trace if e.src == x and e.step > g.step for b in blocks[e]}

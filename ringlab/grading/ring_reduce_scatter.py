@@ -26,7 +26,6 @@ import numpy as np
 
 from . import checks, contributions as contrib
 from .report import Failure, run_case
-from ..world import run
 
 NAME = "ring_reduce_scatter"
 
@@ -58,12 +57,8 @@ def check(program, case, backend="sim"):
         "a central reduction through one rank (its link carries N-1 whole vectors)")
     if failure or length < n:
         return failure
-    trace, max_chunk = result.trace, -(-length // n) * 8
-    return (checks.message_bytes(
-                trace, case, max_chunk, check="one chunk per message", whole=length * 8,
-                expected=f"at most one chunk: ceil({length}/{n}) = {max_chunk // 8} elements, {max_chunk} bytes",
-                hint="Split the vector into world_size chunks (np.array_split) and send one chunk "
-                     "per step; sending whole vectors costs N times the bandwidth.")
+    trace = result.trace
+    return (checks.one_chunk_per_message(trace, case, length)
             or checks.exact_steps(
                 trace, case, n - 1, check="exactly N-1 steps",
                 expected=f"{n} - 1 = {n - 1} steps: a chunk collects one contribution per link",
@@ -84,7 +79,7 @@ def _check_shape(case, r, out, want, length):
     if out.shape != want.shape:
         n = case.world_size
         whole = out.shape == (length,) and length != len(want)
-        sizes = [len(c) for c in np.array_split(np.zeros(length), n)]
+        sizes = _chunk_sizes(length, n)
         if whole:
             hint = "Return only your own chunk: np.array_split(vector, world_size)[rank]."
         else:
@@ -102,6 +97,16 @@ def _check_shape(case, r, out, want, length):
     return None
 
 
+def _chunk_sizes(length, n):
+    """The lengths of the N chunks np.array_split cuts a vector of ``length`` into."""
+    return [len(c) for c in np.array_split(np.zeros(length), n)]
+
+
+def _chunk_of(starts, pos):
+    """The chunk that element ``pos`` of the vector is in; ``starts``: where each chunk starts."""
+    return int(np.searchsorted(starts, pos, side="right") - 1)
+
+
 def _listing(items):
     items = [str(i) for i in items]
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
@@ -114,13 +119,10 @@ def _wrong_sum(program, case, rank, out, want):
     fail = Failure(case.label, "rank r ends with chunk r of the sum of all inputs",
                    f"rank {rank} has wrong values at {len(bad)} of {len(want)} elements of its chunk",
                    expected=f"{want[bad[:4]]}...", got=f"{out[bad[:4]]}...")
-    if n > contrib.MAX_WORLD:
+    res = contrib.probe_run(program, n, length)
+    if res is None:
         return fail
-    try:
-        res = run(program, contrib.probe_inputs(n, length), record_payloads=True, timeout=10.0)
-    except Exception:   # noqa: BLE001 - it ran on random data, so a probe failure just means no detail
-        return fail
-    starts = np.cumsum([0] + [len(c) for c in np.array_split(np.zeros(length), n)])
+    starts = np.cumsum([0] + _chunk_sizes(length, n))
     ones = (1,) * n
     decoded = [contrib.decode(o, n) if isinstance(o, np.ndarray) else [] for o in res.outputs]
     # 1. The first element that is not "every rank's contribution, once".
@@ -135,7 +137,7 @@ def _wrong_sum(program, case, rank, out, want):
                 fail.got = f"contributions of {contrib.holders(dec[j][0])}"
             break
     # 2. Complete sums, but of the wrong chunk? (the position part of the probe says which)
-    held = [int(np.searchsorted(starts, dec[0][1], side="right") - 1)
+    held = [_chunk_of(starts, dec[0][1])
             if dec and all(d is not None and d[0] == ones for d in dec) and dec[0][1] is not None else None
             for dec in decoded]
     if all(h is not None for h in held) and held != list(range(n)):
@@ -165,15 +167,15 @@ def _completes_other_chunk(res, n, starts):
     the chunk it then completes."""
     completes = {}
     for e in res.trace:
-        payload = res.payloads[(e.src, e.dst, e.tag, e.seq)]
+        payload = res.payload(e)
         dec = contrib.decode(payload, n) if e.step == n - 1 and payload.size else None
         if dec and dec[0] is not None and dec[0][1] is not None and not dec[0][0][e.dst]:
-            completes[e.dst] = (int(np.searchsorted(starts, dec[0][1], side="right") - 1), e)
+            completes[e.dst] = (_chunk_of(starts, dec[0][1]), e, dec)
     if len(completes) != n or all(completes[r][0] == r for r in range(n)):
         return None
-    c, e = completes[0]
+    c, e, dec = completes[0]
     what = (f"Here the last message rank 0 received, at step {e.step}, carried chunk {c} with the "
-            f"contributions of {contrib.holders(contrib.decode(res.payloads[(e.src, e.dst, e.tag, e.seq)], n)[0][0])}, "
+            f"contributions of {contrib.holders(dec[0][0])}, "
             f"so rank 0 completes chunk {c}, not chunk 0.")
     if all(completes[r][0] == (r + 1) % n for r in range(n)):
         return ("Rank r must end with chunk r. With ring AllReduce's indices (send chunk (rank - k) % N, "
@@ -184,12 +186,12 @@ def _completes_other_chunk(res, n, starts):
             + " Work backwards from 'rank r adds into chunk r at step N-1'.")
 
 
-def _first_bad_message(res, n, outputs=()):
+def _first_bad_message(res, n, outputs):
     """In a ring ReduceScatter the message of step s carries s contributions, each
     once, for one contiguous range of positions. Find the first that doesn't.
     ``outputs``: the decoded outputs, to tell a lost addition from a lost forward."""
     for e in res.trace:
-        payload = res.payloads[(e.src, e.dst, e.tag, e.seq)]
+        payload = res.payload(e)
         if not payload.size:
             continue
         dec = contrib.decode(payload, n)
@@ -233,6 +235,6 @@ def _adds_own(outputs, r):
 def _received_as_is(res, n, e, dec):
     """An earlier message into ``e.src`` with the same content as ``e``'s, or None."""
     for g in res.trace:
-        if g.dst == e.src and g.step < e.step and contrib.decode(res.payloads[(g.src, g.dst, g.tag, g.seq)], n) == dec:
+        if g.dst == e.src and g.step < e.step and contrib.decode(res.payload(g), n) == dec:
             return g
     return None

@@ -66,7 +66,8 @@ def run_broadcast(program, case, backend, explain=None):
     if failure:
         if explain is not None:
             explain(failure, case)
-        if root != 0 and failure.check in ("the program runs without error", "no deadlock"):
+        # A program that raised or deadlocked may lay the tree out from rank 0, not from the root.
+        if root != 0 and isinstance(failure.error, (RankError, DeadlockError)):
             failure.hint = (f"{failure.hint} This case's root is rank {root}: if your program works "
                             f"with root 0, count positions from the root, i = (rank - root) % N, "
                             f"and turn positions back into ranks with (i + root) % N.")
@@ -90,7 +91,6 @@ def check(program, case, backend="sim"):
     if failure:
         return failure
     trace = result.trace
-    shape = checks.broadcast_shape(trace, n, root)
     for e in trace:
         p, c = (e.src - root) % n, (e.dst - root) % n
         if c not in (2 * p + 1, 2 * p + 2):
@@ -103,7 +103,8 @@ def check(program, case, backend="sim"):
                           + (f"rank(s) {', '.join(map(str, kids))}" if kids else "none here, it is a leaf")),
                 got=f"rank {e.src} -> rank {e.dst}",
                 hint=("Messages only go down the tree: send nothing back to the parent."
-                      if p and c == (p - 1) // 2 else HINTS.get(shape, GENERIC)))
+                      if p and c == (p - 1) // 2
+                      else HINTS.get(checks.broadcast_shape(trace, n, root), GENERIC)))
     return checks.broadcast_receives(
         trace, case, root,
         shape_hint="Send the whole vector to each child once, in one message: then every rank "
