@@ -137,3 +137,13 @@ def test_deadlock_in_plain_words_follows_the_waits():
     assert "Rank 2 has finished while rank 1 still waits for it" in hint
     unknown = DeadlockError({0: "running (its clock: step 1)"}, [])
     assert deadlock.explain(unknown) == ("", deadlock.GENERIC)
+
+
+def test_a_single_step_is_reported_in_the_singular():
+    from ringlab.grading import checks
+    from ringlab.grading.report import Case
+    assert [checks.steps(k) for k in (0, 1, 3)] == ["0 steps", "1 step", "3 steps"]
+    one = ringlab.run(lambda comm, x: comm.sendrecv(x, 1 - comm.rank, 1 - comm.rank), [np.ones(1)] * 2).trace
+    f = checks.exact_steps(one, Case(2, [np.ones(1)] * 2, "world_size=2"), 2,
+                           check="exactly 2(N-1) steps", expected="2 steps", hint="loop")
+    assert (f.what, f.got) == ("the program took 1 step", "1 step")

@@ -63,12 +63,17 @@ def one_chunk_per_message(trace, case, length):
              "per step; sending whole vectors costs N times the bandwidth.")
 
 
+def steps(count):
+    """"1 step", "3 steps": a step count for a report."""
+    return f"{count} step{'' if count == 1 else 's'}"
+
+
 def exact_steps(trace, case, want, *, check, expected, hint):
     """The trace takes exactly ``want`` steps. ``hint`` is not shown for a trace
     without messages (nothing to loop over)."""
     if trace.steps != want:
-        return Failure(case.label, check, f"the program took {trace.steps} steps",
-                       expected=expected, got=f"{trace.steps} steps",
+        return Failure(case.label, check, f"the program took {steps(trace.steps)}",
+                       expected=expected, got=steps(trace.steps),
                        hint=hint if trace.steps != 0 else None)
     return None
 
@@ -85,8 +90,7 @@ def steps_before_failure(failure, want, takes, hint):
     if (isinstance(err, RankError) and not isinstance(err.exc, CommError) and trace is not None
             and 0 < trace.steps < want and err.step == trace.steps
             and not any(e.dst == err.rank for e in trace.unreceived)):
-        failure.what += (f"\nAlso: the program took {trace.steps} step{'s' if trace.steps > 1 else ''} "
-                         f"before failing; {takes}.")
+        failure.what += f"\nAlso: the program took {steps(trace.steps)} before failing; {takes}."
         failure.hint = f"{hint} {failure.hint}" if failure.hint else hint
     return failure
 

@@ -115,10 +115,10 @@ def _wrong_result(case, result, rank, out):
                          "(rank - 1 - k) % N: store it at that index of your result.")
     steps = result.trace.steps
     if length and steps < n - 1:     # too few steps explain missing blocks before any index does
-        fail.what = f"the program took only {steps} steps; a ring AllGather takes N-1 = {n - 1}\n" + fail.what
+        fail.what = f"the program took only {checks.steps(steps)}; a ring AllGather takes N-1 = {n - 1}\n" + fail.what
         fail.hint = LOOP
     elif length and steps != n - 1:
-        fail.what += f"\nAlso: the program took {steps} steps; a ring AllGather takes N-1 = {n - 1}."
+        fail.what += f"\nAlso: the program took {checks.steps(steps)}; a ring AllGather takes N-1 = {n - 1}."
     return fail
 
 

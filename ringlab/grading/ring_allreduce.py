@@ -148,7 +148,7 @@ def _steps_note(trace, case):
     want = 2 * (case.world_size - 1)
     if len(case.inputs[0]) < case.world_size or trace.steps == want:
         return ""
-    return f"Also: the program took {trace.steps} steps; a ring AllReduce takes 2(N-1) = {want}."
+    return f"Also: the program took {checks.steps(trace.steps)}; a ring AllReduce takes 2(N-1) = {want}."
 
 
 def _first_bad_message(res, n):
