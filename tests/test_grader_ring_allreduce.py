@@ -147,3 +147,21 @@ def test_a_single_step_is_reported_in_the_singular():
     f = checks.exact_steps(one, Case(2, [np.ones(1)] * 2, "world_size=2"), 2,
                            check="exactly 2(N-1) steps", expected="2 steps", hint="loop")
     assert (f.what, f.got) == ("the program took 1 step", "1 step")
+
+
+def test_sending_zeros_is_not_called_a_wrong_slot():
+    # A buffer that was never filled decodes to "no contribution at all", not to a mix of places.
+    def sends_zeros(comm, x):
+        n, r = comm.world_size, comm.rank
+        out = x.copy()
+        ch = np.array_split(out, n)
+        for k in range(n - 1):
+            s, q = (r - k) % n, (r - k - 1) % n
+            ch[q] += comm.sendrecv(np.zeros_like(ch[s]), (r + 1) % n, (r - 1) % n)
+        for k in range(n - 1):
+            s, q = (r + 1 - k) % n, (r - k) % n
+            ch[q][...] = comm.sendrecv(ch[s], (r + 1) % n, (r - 1) % n)
+        return out
+    text = str(ringlab.grade("ring_allreduce", sends_zeros, seed=0, log=False))
+    assert "First went wrong: step 1: rank 0 sent rank 1 zeros, which hold no rank's contribution" in text
+    assert "wrong slot" not in text

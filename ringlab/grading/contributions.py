@@ -89,6 +89,9 @@ def garbled(event, decoded, wrong_slot_hint):
     e = event
     if any(d is None for d in decoded):
         return f"step {e.step}: rank {e.src} sent rank {e.dst} values that are not sums of inputs", None
+    if any(not any(d[0]) for d in decoded):     # no probe input is zero, nor any sum of them
+        return (f"step {e.step}: rank {e.src} sent rank {e.dst} zeros, which hold no rank's "
+                f"contribution (an array that was never filled?)"), None
     positions = [d[1] for d in decoded]
     if None in positions or positions != list(range(positions[0], positions[0] + len(positions))):
         return (f"step {e.step}: rank {e.src} sent rank {e.dst} a chunk that mixes elements from "
