@@ -926,3 +926,12 @@ def test_xor_hint_only_on_world_sizes_that_are_not_powers_of_two():
         f = Failure("case", "check", "what", hint="h", error=RuntimeError())
         _xor_hint(f, n)
         assert ("power of two" in f.hint) == expected, n
+
+
+@pytest.mark.parametrize("exercise", ["alltoall", "ring_alltoall"])
+def test_blocks_of_strings_or_objects_get_a_diagnosis_not_a_crash(exercise):
+    def returns_objects(comm, blocks):
+        return [np.array([None, "x"], dtype=object) for _ in blocks]
+    report = ringlab.grade(exercise, returns_objects, seed=0, log=False)
+    assert not report.passed
+    assert "holds something that is not a block" in str(report)

@@ -68,7 +68,7 @@ def run_and_check_result(program, case, backend, missing_hint):
             want = case.inputs[c][r]
             if isinstance(got, np.ndarray) and got.shape == want.shape and np.array_equal(got, want):
                 continue
-            held = idx.get(float(np.ravel(got)[0])) if isinstance(got, np.ndarray) and got.size else None
+            held = idx.get(_first_value(got)) if isinstance(got, np.ndarray) and got.size else None
             hint = "out[c] must be what rank c sent to you: rank c's blocks[your rank]."
             if got is None:
                 holds, hint = "None: nothing was stored there", missing_hint
@@ -89,6 +89,15 @@ def run_and_check_result(program, case, backend, missing_hint):
                                  f"rank {r}'s out[{c}] holds {holds}",
                                  expected=f"{name((c, r))}: {want}", got=repr(got)[:120], hint=hint)
     return result, None
+
+
+def _first_value(array):
+    """An array's first element as a float, to look its block up by; None if it
+    has none (an array of strings or objects, say)."""
+    try:
+        return float(np.ravel(array)[0])
+    except (TypeError, ValueError):
+        return None
 
 
 def hops(case, result):
