@@ -96,10 +96,9 @@ def main(argv=None):
     import torch
     import torch.distributed as dist
     from .backends import status as st
-    from .backends.outcome import drain_plan, format_traceback, leftovers, peer_gone
+    from .backends.outcome import drain_plan, format_traceback, merged_trace, peer_gone
     from .backends.protocol import run_rank
     from .errors import RankError, UnreceivedMessagesError
-    from .trace import Trace
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     status, finished = st.Status.dummy(), threading.Event()
@@ -130,31 +129,28 @@ def main(argv=None):
     dist.gather_object(outcome, outcomes, dst=0)
     decision = [None]
     if rank == 0:
-        left = leftovers(outcomes)
-        decision = [{"left": len(left), "drain": drain_plan(outcomes)}]
+        trace = merged_trace(outcomes)          # also what _report shows at the end
+        decision = [{"left": len(trace.unreceived), "drain": drain_plan(outcomes)}]
     dist.broadcast_object_list(decision, src=0)
     if decision[0]["left"]:
         if rank == 0:
-            trace = Trace([e for o in outcomes for e in o.events], world_size, (), leftovers(outcomes))
             print(f"ringlab.launch: {UnreceivedMessagesError(trace.unreceived)}", file=sys.stderr, flush=True)
         os._exit(2)                  # those sends can never complete: don't wait for them
     world.finish(decision[0]["drain"].get(rank))
     dist.barrier()
     finished.set()
     if rank == 0:
-        code = _report(opt, program, inputs, args, kwargs, outcomes, world_size, seconds)
+        code = _report(opt, program, inputs, args, kwargs, outcomes, trace, seconds)
     dist.destroy_process_group()
     sys.exit(code if rank == 0 else 0)
 
 
-def _report(opt, program, inputs, args, kwargs, outcomes, world_size, seconds):
+def _report(opt, program, inputs, args, kwargs, outcomes, trace, seconds):
     """Rank 0: print the summary, write files, compare with the simulator."""
-    from .trace import Trace
-    trace = Trace([e for o in outcomes for e in o.events], world_size, [s for o in outcomes for s in o.spans])
     results = [o.result for o in outcomes]
     for o in outcomes:
         sys.stdout.write(o.printed)
-    print(f"{opt.program} on {world_size} ranks ({opt.backend}): {trace.steps} steps, "
+    print(f"{opt.program} on {trace.world_size} ranks ({opt.backend}): {trace.steps} steps, "
           f"{len(trace)} messages, {trace.total_bytes} bytes, {seconds:.3f} s on rank 0")
     print(trace.table(limit=24))
     if opt.out:

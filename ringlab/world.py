@@ -35,7 +35,7 @@ import functools
 import signal
 import threading
 import traceback
-from collections import deque
+from collections import defaultdict, deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -199,7 +199,7 @@ class _World:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.world_size, self.mode = world_size, mode
         self.ranks = [_Rank(r) for r in range(world_size)]
-        self.channels = {}
+        self.channels = defaultdict(_Channel)   # (src, dst, tag) -> _Channel, made on first use
         self.events = []
         self.payloads = {} if record_payloads else None
         self.ready = deque()
@@ -224,21 +224,20 @@ class _World:
                             f"cannot {call} to or from itself; keep your own data locally.")
         return int(peer)
 
-    def _channel(self, key):
-        ch = self.channels.get(key)
-        if ch is None:
-            ch = self.channels[key] = _Channel()
-        return ch
-
-    # -- point to point ----------------------------------------------------------
-    def _isend(self, me, array, dst, chunk, op, tag):
+    def _check_send(self, me, array, dst):
+        """Check a send's arguments; returns ``dst`` as an int."""
         dst = self._check_peer(me, dst, "send", "dst")
         if not isinstance(array, np.ndarray):
             raise CommError(f"rank {me.rank}, step {me.clock + 1}: send(dst={dst}) needs a numpy "
                             f"array, got {type(array).__name__}. Hint: np.asarray(value).")
+        return dst
+
+    # -- point to point ----------------------------------------------------------
+    def _isend(self, me, array, dst, chunk, op, tag):
+        dst = self._check_send(me, array, dst)
         payload = np.array(array, copy=True)   # buffered: later changes do not travel
         me.clock += 1
-        ch = self._channel((me.rank, dst, tag))
+        ch = self.channels[(me.rank, dst, tag)]
         ev = Event(me.clock, me.rank, dst, chunk, op, payload.nbytes, me.span_path, tag,
                    payload.shape, _dtype_name(payload.dtype), ch.sent)
         ch.sent += 1
@@ -269,7 +268,7 @@ class _World:
         src, expect = self._expect(me, src, out, shape, dtype)
         req = Request(self, "recv", me, src, tag)
         req.out, req.expect = out, expect
-        ch = self._channel((src, me.rank, tag))
+        ch = self.channels[(src, me.rank, tag)]
         if ch.messages:
             self._match(*ch.messages.popleft(), req)
         else:
@@ -277,13 +276,10 @@ class _World:
         return req
 
     def _match(self, ev, payload, send_req, recv_req):
-        shape, dtype = recv_req.expect
-        if (shape is not None and tuple(payload.shape) != shape) or (dtype is not None and payload.dtype != dtype):
-            want = f"shape {shape if shape is not None else 'any'} {dtype if dtype is not None else ''}".strip()
-            recv_req.error = CommError(
-                f"rank {recv_req.owner.rank}, step {ev.step}: recv(src={ev.src}) expected {want} "
-                f"but rank {ev.src} sent shape {tuple(payload.shape)} {payload.dtype} "
-                f"(its message of step {ev.step}" + (f", chunk {ev.chunk}" if ev.chunk is not None else "") + ")")
+        error = _mismatch(recv_req.owner.rank, ev.src, ev.step, recv_req.expect,
+                          tuple(payload.shape), payload.dtype, ev.chunk)
+        if error is not None:
+            recv_req.error = error
         elif recv_req.out is not None:
             recv_req.out[...] = payload
             payload = recv_req.out
@@ -350,11 +346,25 @@ class _World:
     def kill_unfinished(self):
         self.aborting = True
         for me in self.ranks:
-            if me.glet is not None and me.glet and not me.glet.dead:
+            if me.glet:     # a greenlet is true while started and not yet finished
                 try:
                     me.glet.throw(greenlet.GreenletExit)
                 except BaseException:  # noqa: BLE001 - a dying rank cannot report anything more
                     pass
+
+
+def _mismatch(rank, src, step, expect, shape, dtype, chunk):
+    """The error for a message (``shape``, ``dtype``, ``chunk`` label, sent at
+    ``step`` by ``src``) that is not what ``rank``'s receive ``expect``-ed
+    (``(shape or None, dtype or None)``); None if it fits. The simulator and the
+    torch backend both use it, so they report a mismatch in the same words."""
+    want_shape, want_dtype = expect
+    if (want_shape is not None and shape != want_shape) or (want_dtype is not None and dtype != want_dtype):
+        want = f"shape {want_shape if want_shape is not None else 'any'} {want_dtype if want_dtype is not None else ''}".strip()
+        return CommError(
+            f"rank {rank}, step {step}: recv(src={src}) expected {want} but rank {src} sent "
+            f"shape {shape} {dtype} (its message of step {step}" + (f", chunk {chunk}" if chunk is not None else "") + ")")
+    return None
 
 
 @functools.cache

@@ -8,6 +8,8 @@ import types
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from ..trace import Trace
+
 
 @dataclass
 class Outcome:
@@ -35,6 +37,13 @@ def leftovers(outcomes):
     return [e for o in outcomes for e in o.events if e.seq >= got.get((e.src, e.dst, e.tag), 0)]
 
 
+def merged_trace(outcomes):
+    """The run's trace, from every rank's Outcome (in rank order): all events
+    and spans, and as ``unreceived`` the messages nobody received."""
+    return Trace([e for o in outcomes for e in o.events], len(outcomes),
+                 [s for o in outcomes for s in o.spans], leftovers(outcomes))
+
+
 def drain_plan(outcomes):
     """For each rank, the unwaited irecvs whose messages were really sent."""
     sent = defaultdict(int)
@@ -43,11 +52,14 @@ def drain_plan(outcomes):
             sent[(e.src, e.dst, e.tag)] += 1
     plan = {}
     for o in outcomes:
-        waited = {k: o.received[k] - n for k, n in o.unwaited.items()}
-        plan[o.rank] = {k: min(n, sent[(k[0], o.rank, k[1])] - waited[k])
-                        for k, n in o.unwaited.items() if sent[(k[0], o.rank, k[1])] > waited[k]}
+        drain = {}
+        for (src, tag), unwaited in o.unwaited.items():
+            waited = o.received[(src, tag)] - unwaited    # received counts the unwaited too
+            due = sent[(src, o.rank, tag)] - waited       # sent, not received by a wait()
+            if due > 0:
+                drain[(src, tag)] = min(unwaited, due)
+        plan[o.rank] = drain
     return plan
-
 
 
 def format_frames(frames, program=None):

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import CommError
 from ..trace import Event
-from ..world import Comm, _dtype_name, _Rank, _World
+from ..world import Comm, _dtype_name, _mismatch, _Rank, _World
 from . import status as st
 from . import wire
 from .outcome import Outcome
@@ -74,11 +74,13 @@ class ProcessWorld:
     simulator's world (``_isend``, ``_irecv``, ``_wait``) over torch.distributed."""
 
     _check_peer = _World._check_peer       # same checks, same error messages
+    _check_send = _World._check_send
     _expect = _World._expect
 
     def __init__(self, rank, world_size, device=None, status=None):
         self.rank, self.world_size, self.device = rank, world_size, device
-        self.ranks = {rank: _Rank(rank)}
+        self.me = _Rank(rank)                     # this process's one rank
+        self.ranks = {rank: self.me}              # as the simulator's world has them, for Comm
         self.events = []
         self.sent = defaultdict(int)              # (dst, tag) -> messages sent
         self.received = defaultdict(int)          # (src, tag) -> messages received
@@ -103,15 +105,12 @@ class ProcessWorld:
         # can't free finished ones as we go. Like MPI's "eager limit": past a
         # bound, wait for the oldest (its receiver must have posted the recv).
         while len(self.in_flight) > MAX_IN_FLIGHT[0] or self.in_flight_bytes > MAX_IN_FLIGHT[1]:
-            self._complete(self.in_flight.popleft())
+            self._retire_oldest()
         return req
 
     def _outgoing(self, me, array, dst, chunk, op, tag, buffered):
         """Check a send, move the clock, record the event: ``(dst, payload, header)``."""
-        dst = self._check_peer(me, dst, "send", "dst")
-        if not isinstance(array, np.ndarray):
-            raise CommError(f"rank {me.rank}, step {me.clock + 1}: send(dst={dst}) needs a numpy "
-                            f"array, got {type(array).__name__}. Hint: np.asarray(value).")
+        dst = self._check_send(me, array, dst)     # the simulator's checks
         if array.dtype.name not in _CODE:
             raise CommError(f"rank {me.rank}, step {me.clock + 1}: send(dst={dst}): dtype "
                             f"{array.dtype} cannot travel between processes; use one of {', '.join(DTYPES)}")
@@ -150,15 +149,20 @@ class ProcessWorld:
         self._deliver(me, req, words, data)
         return self._wait(req)
 
-    def _complete(self, transfer, buffered=True):
-        works, _, dst, nbytes = transfer
-        clock = self.ranks[self.rank].clock
+    def _complete(self, transfer):
+        """Wait until ``(works, tensors, dst, nbytes)``, a send, has been received."""
+        works, _, dst, _ = transfer
+        clock = self.me.clock
         self.status.set(st.SEND, dst, 0, clock)
         for w in reversed(works):          # the last one done means all are: one wake-up
             w.wait()
         self.status.set(st.RUNNING, -1, 0, clock)
-        if buffered:
-            self.in_flight_bytes -= nbytes
+
+    def _retire_oldest(self):
+        """Complete the oldest buffered send, and stop counting its bytes."""
+        transfer = self.in_flight.popleft()
+        self._complete(transfer)
+        self.in_flight_bytes -= transfer[3]      # (works, tensors, dst, nbytes)
 
     # -- receiving ------------------------------------------------------------
     def _irecv(self, me, src, out, shape, dtype, tag):
@@ -171,10 +175,10 @@ class ProcessWorld:
     def _wait(self, req):
         if req.kind == "send":
             if req.works is not None:       # an unbuffered send: wait until it is received
-                self._complete(req.works, buffered=False)
+                self._complete(req.works)
                 req.works, req.done = None, True
             return None
-        me = self.ranks[self.rank]
+        me = self.me
         # Receives on one channel complete in the order they were posted, like
         # the messages on it: receive earlier ones first.
         while not req.done:
@@ -196,12 +200,9 @@ class ProcessWorld:
         step, code, nbytes, has_chunk, chunk, ndim = words[:6]
         shape, dtype = tuple(words[6:6 + ndim]), np.dtype(DTYPES[code])
         array = data.view(dtype).reshape(shape)
-        want_shape, want_dtype = req.expect
-        if (want_shape is not None and shape != want_shape) or (want_dtype is not None and dtype != want_dtype):
-            want = f"shape {want_shape if want_shape is not None else 'any'} {want_dtype if want_dtype is not None else ''}".strip()
-            req.error = CommError(
-                f"rank {self.rank}, step {step}: recv(src={src}) expected {want} but rank {src} sent "
-                f"shape {shape} {dtype} (its message of step {step}" + (f", chunk {chunk}" if has_chunk else "") + ")")
+        error = _mismatch(self.rank, src, step, req.expect, shape, dtype, chunk if has_chunk else None)
+        if error is not None:
+            req.error = error
         elif req.out is not None:
             req.out[...] = array
             array = req.out
@@ -219,7 +220,7 @@ class ProcessWorld:
     def report(self, **fields):
         """An ``Outcome`` with what this rank sent and received so far. Safe to
         call from another thread: it only copies (atomically, under the GIL)."""
-        me = self.ranks[self.rank]
+        me = self.me
         unwaited = self.unwaited()
         received = dict(self.received)
         for key, n in unwaited.items():
@@ -230,12 +231,11 @@ class ProcessWorld:
     def finish(self, drain=None):
         """Receive the messages of posted-but-unwaited irecvs (``drain`` says how
         many exist), then wait until every message we sent has been received."""
-        me = self.ranks[self.rank]
         for (src, tag), count in (drain or {}).items():
             for _ in range(count):
-                self._receive_next(me, src, tag)
+                self._receive_next(self.me, src, tag)
         while self.in_flight:
-            self._complete(self.in_flight.popleft())
+            self._retire_oldest()
 
 
 class ProcessComm(Comm):

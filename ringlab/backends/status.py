@@ -21,8 +21,14 @@ IDLE, RUNNING, RECV, SEND, DONE, FAILED = range(6)
 NAMES = {IDLE: "idle", RUNNING: "running", RECV: "waiting in recv", SEND: "waiting in send",
          DONE: "finished", FAILED: "failed"}
 MAX_RANKS = 64
+# Where things are in the block, in int64 words (see the layout above). SENT and
+# RECEIVED are where the two counter arrays start: sent[dst] is word SENT + dst.
+STATE, PEER, TAG, CLOCK = range(4)
+SENT = 8
+RECEIVED = SENT + MAX_RANKS
+WORDS = RECEIVED + MAX_RANKS
 SIZE = 8192
-TEXT = 8 * (8 + 2 * MAX_RANKS)
+TEXT = 8 * WORDS                  # in bytes
 
 
 class Status:
@@ -30,9 +36,9 @@ class Status:
 
     def __init__(self, buffer):
         self.buffer = buffer
-        self.words = np.frombuffer(buffer, np.int64, 8 + 2 * MAX_RANKS)
-        self.sent = self.words[8:8 + MAX_RANKS]
-        self.received = self.words[8 + MAX_RANKS:]
+        self.words = np.frombuffer(buffer, np.int64, WORDS)
+        self.sent = self.words[SENT:RECEIVED]
+        self.received = self.words[RECEIVED:]
 
     @classmethod
     def create(cls):
@@ -58,8 +64,8 @@ class Status:
 
     def set(self, state, peer, tag, clock):
         w = self.words
-        w[1], w[2], w[3] = peer, tag, clock
-        w[0] = state        # last: a reader that sees the state sees its details
+        w[PEER], w[TAG], w[CLOCK] = peer, tag, clock
+        w[STATE] = state    # last: a reader that sees the state sees its details
 
     def count_send(self, dst):
         self.sent[dst] += 1
@@ -88,7 +94,7 @@ def _unlinked_file():
 
 def describe(words):
     """'waits in recv(src=1) (its clock: step 3)', as the simulator says it."""
-    state, peer, tag, clock = (int(v) for v in words[:4])
+    state, peer, tag, clock = (int(words[i]) for i in (STATE, PEER, TAG, CLOCK))
     if state == RECV:
         return f"waits in recv(src={peer}" + (f", tag={tag}" if tag else "") + f") (its clock: step {clock})"
     if state == SEND:

@@ -31,10 +31,9 @@ from multiprocessing.connection import wait
 import numpy as np
 
 from ..errors import DeadlockError, ProgramTimeout, RankError, UnreceivedMessagesError
-from ..trace import Trace
 from ..world import RunResult
 from . import status as st
-from .outcome import drain_plan, format_frames, format_traceback, leftovers, peer_gone
+from .outcome import drain_plan, format_frames, format_traceback, merged_trace, peer_gone
 from .pool import dumps_program, get_pool
 
 POLL = 0.05                # seconds between looks at the status blocks
@@ -63,10 +62,8 @@ def run(backend, program, inputs, *, args=(), kwargs=None, timeout=10.0, check_u
         for o in outcomes:
             if o.printed:
                 sys.stdout.write(o.printed)
-        left = leftovers(outcomes)
-        trace = Trace([e for o in outcomes for e in o.events], n,
-                      [s for o in outcomes for s in o.spans], left)
-        if left:
+        trace = merged_trace(outcomes)
+        if trace.unreceived:
             pool.discard(workers, replace=True)    # their sends can never complete
             if check_unreceived:
                 raise UnreceivedMessagesError(trace.unreceived)
@@ -116,7 +113,7 @@ def _wait_for_outcomes(workers, timeout, program, outcomes):
             try:
                 msg = pickle.loads(conn.recv_bytes())
             except EOFError:
-                failures.append((int(workers[r].status.words[3]), r, None))    # the process died
+                failures.append((int(workers[r].status.words[st.CLOCK]), r, None))    # the process died
                 del conns[conn]
                 continue
             if msg[0] == "started":
@@ -150,7 +147,7 @@ def _wait_for_outcomes(workers, timeout, program, outcomes):
         waiting = _deadlock(snaps)
         if waiting is not None and previous is not None and all(
                 np.array_equal(a, b) for a, b in zip(snaps, previous)):
-            raise DeadlockError(waiting, [r for r, s in enumerate(snaps) if s[0] == st.DONE],
+            raise DeadlockError(waiting, [r for r, s in enumerate(snaps) if s[st.STATE] == st.DONE],
                                 _trace_so_far(workers, outcomes))
         previous = snaps
         if timeout is not None and now - program_start > timeout:
@@ -174,9 +171,7 @@ def _trace_so_far(workers, known):
             return None
         if reports[r] is None:
             return None
-    outcomes = [reports[r] for r in range(len(workers))]
-    return Trace([e for o in outcomes for e in o.events], len(workers),
-                 [s for o in outcomes for s in o.spans], leftovers(outcomes))
+    return merged_trace([reports[r] for r in range(len(workers))])
 
 
 def _deadlock(snaps):
@@ -187,11 +182,11 @@ def _deadlock(snaps):
     so we can't be sure it helps); or if it waits for a send to complete and the
     receiver has already received it (gloo tells the sender a little later)."""
     def in_flight(src, dst):
-        return snaps[src][8 + dst] > snaps[dst][8 + st.MAX_RANKS + src]
+        return snaps[src][st.SENT + dst] > snaps[dst][st.RECEIVED + src]
 
     waiting = {}
     for r, words in enumerate(snaps):
-        state, peer = int(words[0]), int(words[1])
+        state, peer = int(words[st.STATE]), int(words[st.PEER])
         if state == st.DONE:
             continue
         if state == st.RECV and not in_flight(peer, r):
@@ -204,9 +199,9 @@ def _deadlock(snaps):
 
 
 def _timeout_error(workers, snaps, timeout, program, outcomes):
-    running = [r for r, s in enumerate(snaps) if s[0] in (st.RUNNING, st.IDLE)]
-    waiting = {r: st.describe(s) for r, s in enumerate(snaps) if s[0] in (st.RECV, st.SEND)}
-    finished = [r for r, s in enumerate(snaps) if s[0] == st.DONE]
+    running = [r for r, s in enumerate(snaps) if s[st.STATE] in (st.RUNNING, st.IDLE)]
+    waiting = {r: st.describe(s) for r, s in enumerate(snaps) if s[st.STATE] in (st.RECV, st.SEND)}
+    finished = [r for r, s in enumerate(snaps) if s[st.STATE] == st.DONE]
     if not running and waiting:
         return DeadlockError(waiting, finished, _trace_so_far(workers, outcomes))
     r = running[0] if running else None
@@ -221,7 +216,7 @@ def _timeout_error(workers, snaps, timeout, program, outcomes):
             pass
         where = f"rank {r} is here:\n{format_frames(json.loads(where), program)}" if where else ""
     others = "".join(f"\n  rank {q}: {st.describe(s)}" for q, s in enumerate(snaps) if q != r)
-    return ProgramTimeout(timeout, r, int(snaps[r][3]) if r is not None else None,
+    return ProgramTimeout(timeout, r, int(snaps[r][st.CLOCK]) if r is not None else None,
                           where + ("\nthe other ranks:" + others if others else ""))
 
 
