@@ -4,7 +4,7 @@
     python bench/torch_allreduce.py --sizes 1K 64K 1M 16M 64M --repeats 9 --world-size 2
 
 Both run inside the same, already initialised process group (see
-``ringlab.backends.timing``: the measuring program is a ringlab program run
+``ringlab.backends.torch.timing``: the measuring program is a ringlab program run
 with ``backend="torch"``), so process start-up is not timed. Each repetition
 starts after a barrier and counts the slowest rank; printed are the medians,
 the bus bandwidth busbw = (bytes / time) * 2(n-1)/n as nccl-tests defines it
@@ -18,7 +18,7 @@ ringlab's own layer.
 
 import argparse
 
-from ringlab.backends.timing import bandwidths, measure
+from ringlab.backends.torch.timing import bandwidths, measure
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 

@@ -11,13 +11,18 @@
 
 from .errors import (CommError, DeadlockError, ProgramTimeout, RankError, RinglabError,
                      UnreceivedMessagesError)
-from .trace import Event, Span, Trace
-from .world import Comm, Request, RunResult, collective, run
+from .trace import Compute, Event, Span, Trace
+from .comm import Comm, RunResult, collective
+from .cost.alpha_beta import AlphaBeta
+from .mesh import DeviceMesh
+from .runner import run
+from .sim import Request, Work
 from .grading import grade
 from .tryout import try_run
 
 __all__ = [
-    "run", "grade", "try_run", "collective", "Comm", "Request", "RunResult", "Trace", "Event", "Span",
+    "run", "grade", "try_run", "collective", "Comm", "Request", "Work", "RunResult", "Trace",
+    "Event", "Span", "Compute", "AlphaBeta", "DeviceMesh",
     "RinglabError", "CommError", "RankError", "DeadlockError", "ProgramTimeout",
     "UnreceivedMessagesError",
 ]

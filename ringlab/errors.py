@@ -5,6 +5,25 @@ what you need to find the bug: "rank 2, step 3: recv(src=1) expected ..." .
 """
 
 
+from typing import NamedTuple
+
+
+class Wait(NamedTuple):
+    """What one blocked rank waits in: ``kind`` ("recv", "send", "recv_any",
+    "work", "barrier", "split"), the global rank it waits for (``peer``, for
+    "recv" and "send"), and the sentence that says so (``str(wait)``)."""
+
+    kind: str
+    peer: int | None
+    text: str
+
+    def __str__(self):
+        return self.text
+
+    def __contains__(self, part):      # "recv(src=1" in wait, as with the sentence
+        return part in self.text
+
+
 class RinglabError(Exception):
     """Base class of every error ringlab raises on purpose."""
 
@@ -38,7 +57,8 @@ class RankError(RinglabError):
 class DeadlockError(RinglabError):
     """Every rank that has not finished is blocked and no message can unblock it.
 
-    ``waiting`` maps each blocked rank to a description of what it waits for;
+    ``waiting`` maps each blocked rank to a ``Wait`` (what it waits for;
+    ``str()`` of it is the sentence);
     ``trace``, as for ``RankError``, holds the messages sent until then.
     """
 

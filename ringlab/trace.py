@@ -44,7 +44,11 @@ class Event(NamedTuple):
     tag: int = 0
     shape: tuple = ()
     dtype: str = ""
-    seq: int = 0               # n-th message on the (src, dst, tag) channel
+    seq: int = 0               # n-th message on its channel (group, stream, src, dst, tag)
+    group: object = None       # the group it was sent in: its name or ranks; None: the world
+    stream: int = 0            # 0: the program; 1: the communication stream (comm.start)
+    start: float | None = None  # simulated seconds, when the run has a network model
+    end: float | None = None
 
     def __repr__(self):
         return (f"Event(step={self.step}, src={self.src}, dst={self.dst}, chunk={self.chunk!r}, "
@@ -59,6 +63,8 @@ class Event(NamedTuple):
     def to_dict(self):
         d = self._asdict()
         d["shape"] = list(self.shape)
+        if isinstance(self.group, tuple):
+            d["group"] = list(self.group)
         return d
 
     @staticmethod
@@ -66,6 +72,7 @@ class Event(NamedTuple):
         d = dict(d)
         d["shape"] = tuple(d.get("shape", ()))
         d["chunk"] = _tuples(d.get("chunk"))     # JSON has no tuples: (src, dst) labels come back as lists
+        d["group"] = _tuples(d.get("group"))
         return Event(**d)
 
 
@@ -78,32 +85,64 @@ def _order(e: Event):
     # Canonical order: by step, then sender, receiver, and position on the
     # channel. It does not depend on which rank happened to run first, so the
     # simulator and real processes give the same sequence.
-    return (e.step, e.src, e.dst, e.tag, e.seq)
+    # In the one-port model (step, src) alone is unique; the rest breaks ties
+    # in traces made by hand.
+    return (e.step, e.src, e.dst, e.tag, _label_key(e.group), e.stream, e.seq)
+
+
+def _label_key(group):
+    return "" if group is None else repr(group)
 
 
 @dataclass(frozen=True, slots=True)
 class Span:
     """One rank's call of a collective: ``name`` ran on ``rank`` over steps
-    ``start`` (its clock on entry) to ``end`` (its clock on exit)."""
+    ``start`` (its clock on entry) to ``end`` (its clock on exit), in
+    ``group``, from simulated second ``t_start`` to ``t_end``."""
 
     rank: int
     path: str      # e.g. "mlp.forward/ring_allreduce"
     start: int
     end: int
+    group: object = None
+    stream: int = 0
+    t_start: float = 0.0
+    t_end: float = 0.0
 
     @property
     def name(self):
         return self.path.rsplit("/", 1)[-1]
 
 
+class Compute(NamedTuple):
+    """``rank`` computed ``label`` from ``start`` to ``end`` (simulated seconds);
+    ``step`` is its step clock then, ``meta`` what the program said about it."""
+
+    rank: int
+    label: str
+    start: float
+    end: float
+    step: int = 0
+    stream: int = 0
+    meta: tuple = ()      # sorted (key, value) pairs: hashable, comparable
+
+    @property
+    def duration(self):
+        return self.end - self.start
+
+    def get(self, key, default=None):
+        return dict(self.meta).get(key, default)
+
+
 class Trace:
     """The events of one run, in canonical order. Iterable, indexable, comparable."""
 
-    def __init__(self, events, world_size, spans=(), unreceived=()):
+    def __init__(self, events, world_size, spans=(), unreceived=(), computes=()):
         self.events = sorted(events, key=_order)
         self.unreceived = sorted(unreceived, key=_order)   # sent, never received
         self.world_size = world_size
-        self.spans = sorted(spans, key=lambda s: (s.start, s.rank, s.path))
+        self.spans = sorted(spans, key=lambda s: (s.start, s.t_start, s.rank, s.stream, s.path))
+        self.computes = sorted(computes, key=lambda c: (c.start, c.rank, c.stream, c.step))
 
     # -- sequence protocol -------------------------------------------------
     def __iter__(self):
@@ -156,32 +195,62 @@ class Trace:
     def total_bytes(self):
         return sum(e.nbytes for e in self.events)
 
-    def filter(self, span=None, src=None, dst=None, step=None):
-        """A sub-trace. ``span`` matches a span name anywhere in the path."""
+    @property
+    def time(self):
+        """The simulated makespan in seconds: the last message or compute to end."""
+        ends = [e.end for e in self.events if e.end is not None] + [c.end for c in self.computes]
+        ends += [s.t_end for s in self.spans]
+        return max(ends, default=0.0)
+
+    @property
+    def groups(self):
+        """The group labels that carried messages, in order of first use (None: the world)."""
+        return list(dict.fromkeys(e.group for e in self.events))
+
+    def filter(self, span=None, src=None, dst=None, step=None, group=...):
+        """A sub-trace. ``span`` matches a span name anywhere in the path;
+        ``group`` keeps one group's messages (its label, or a ``Comm`` of it;
+        ``None`` means the whole world's own messages)."""
+        if group is not ...:
+            group = getattr(getattr(group, "group", None), "label", group)
+
         def keep(e):
             return ((span is None or span in e.span.split("/"))
                     and (src is None or e.src == src) and (dst is None or e.dst == dst)
-                    and (step is None or e.step == step))
-        return Trace([e for e in self.events if keep(e)], self.world_size,
-                     [s for s in self.spans if span is None or span in s.path.split("/")])
+                    and (step is None or e.step == step) and (group is ... or e.group == group))
+        spans = [s for s in self.spans if (span is None or span in s.path.split("/"))
+                 and (group is ... or s.group == group)]
+        computes = self.computes if span is None and group is ... and src is None else []
+        return Trace([e for e in self.events if keep(e)], self.world_size, spans, (), computes)
 
     def collectives(self):
-        """The coarse view: one row per collective call (spans at top level of
-        each rank), with its steps and bytes. A training step's trace reads as
-        "all_gather, all_gather, reduce_scatter" before you zoom into messages."""
-        rows = defaultdict(lambda: {"ranks": set(), "start": None, "end": 0, "messages": 0, "bytes": 0})
+        """The coarse view: one row per collective call, with its steps and bytes.
+        A training step's trace reads as "all_gather, all_gather, reduce_scatter"
+        before you zoom into messages.
+
+        A call is the k-th span of one path on every rank of its group; its
+        messages are those its ranks sent inside it, nested spans included
+        (``tree_allreduce`` counts its reduce's and broadcast's, which also get
+        rows of their own, ``tree_allreduce/binomial_reduce``, ...)."""
+        calls, seen = {}, defaultdict(int)   # (path, group, stream, k) -> row; (rank, path, ...) -> k
+        by_rank = defaultdict(list)
         for s in self.spans:
-            key = s.path
-            r = rows[key]
-            r["ranks"].add(s.rank)
-            r["start"] = s.start if r["start"] is None else min(r["start"], s.start)
-            r["end"] = max(r["end"], s.end)
+            k = seen[(s.rank, s.path, _label_key(s.group), s.stream)]
+            seen[(s.rank, s.path, _label_key(s.group), s.stream)] = k + 1
+            key = (s.path, _label_key(s.group), s.stream, k)
+            row = calls.setdefault(key, {"span": s.path, "group": s.group, "ranks": set(),
+                                         "start": s.start, "end": s.end, "messages": 0, "bytes": 0})
+            row["ranks"].add(s.rank)
+            row["start"], row["end"] = min(row["start"], s.start), max(row["end"], s.end)
+            by_rank[(s.rank, s.stream)].append((s.start, s.end, s.path, row))
         for e in self.events:
-            if e.span in rows:
-                rows[e.span]["messages"] += 1
-                rows[e.span]["bytes"] += e.nbytes
-        return [dict(span=k, ranks=sorted(v["ranks"]), start=v["start"], end=v["end"],
-                     messages=v["messages"], bytes=v["bytes"]) for k, v in rows.items()]
+            inside = e.span + "/"
+            for start, end, path, row in by_rank.get((e.src, e.stream), ()):
+                if start < e.step <= end and inside.startswith(path + "/"):
+                    row["messages"] += 1
+                    row["bytes"] += e.nbytes
+        rows = sorted(calls.values(), key=lambda r: (r["start"], -r["end"], r["span"].count("/")))
+        return [dict(r, ranks=sorted(r["ranks"])) for r in rows]
 
     # -- comparing -----------------------------------------------------------
     def diff(self, other, limit=5):
@@ -202,7 +271,8 @@ class Trace:
     def to_dict(self):
         return {"world_size": self.world_size,
                 "events": [e.to_dict() for e in self.events],
-                "spans": [asdict(s) for s in self.spans]}
+                "spans": [asdict(s) for s in self.spans],
+                "computes": [c._asdict() for c in self.computes]}
 
     def to_json(self, **kw):
         return json.dumps(self.to_dict(), **kw)
@@ -210,24 +280,25 @@ class Trace:
     @classmethod
     def from_json(cls, text):
         d = json.loads(text) if isinstance(text, str) else text
-        return cls([Event.from_dict(e) for e in d["events"]], d["world_size"],
-                   [Span(**s) for s in d.get("spans", [])])
+        spans = [Span(**dict(s, group=_tuples(s.get("group")))) for s in d.get("spans", [])]
+        computes = [Compute(**dict(c, meta=_tuples(c.get("meta", ())))) for c in d.get("computes", [])]
+        return cls([Event.from_dict(e) for e in d["events"]], d["world_size"], spans, (), computes)
 
     def show(self, **options):
         """An interactive player for this trace (displays in a notebook; see
-        ``ringlab.player``). Options: ``layout=``, ``title=``, ``detail_limit=``."""
-        from .player import TracePlayer       # lazy: the trace itself needs no HTML
+        ``ringlab.show.player``). Options: ``layout=``, ``title=``, ``detail_limit=``."""
+        from .show.player import TracePlayer       # lazy: the trace itself needs no HTML
         return TracePlayer(self, **options)
 
     def save_html(self, path, **options):
         """Write the player as a standalone, offline ``.html`` file; returns the path."""
-        from .player import save_html
+        from .show.player import save_html
         return save_html(self, path, **options)
 
     def to_chrome_trace(self, time_model=None, **options):
         """The trace as Chrome Trace Event JSON (a dict) for Perfetto or
-        chrome://tracing; see ``ringlab.timeline`` for time models."""
-        from .timeline import to_chrome_trace
+        chrome://tracing; see ``ringlab.show.timeline`` for time models."""
+        from .show.timeline import to_chrome_trace
         return to_chrome_trace(self, time_model, **options)
 
     def table(self, limit=None):

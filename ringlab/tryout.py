@@ -11,7 +11,7 @@ before the exercise is solved::
 """
 
 from .errors import RankError, RinglabError
-from .world import run
+from .runner import run
 
 
 def try_run(program, inputs, *, show_trace=True, **kwargs):

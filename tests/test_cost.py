@@ -56,7 +56,7 @@ def test_chain_broadcast_formula_matches_the_trace(n, segments):
 # (steps, messages, busiest rank's bytes sent, busiest rank's bytes received, total bytes).
 BY_HAND_8 = {
     "ring_allgather": (7, 56, 7000, 7000, 56000),            # 7 steps x 8 ranks x 1 block
-    "naive_allgather": (8, 14, 56000, 8000, 63000),          # 7 blocks in, then 7 whole results out
+    "naive_allgather": (14, 14, 56000, 8000, 63000),         # 7 blocks in, then 7 whole results out
     "recursive_doubling_allgather": (3, 24, 7000, 7000, 56000),   # 1 + 2 + 4 blocks per rank
     "ring_reduce_scatter": (7, 56, 7000, 7000, 56000),
     "flat_broadcast": (7, 7, 56000, 8000, 56000),
@@ -133,10 +133,10 @@ def test_helpers_against_brute_force():
         assert cost.max_popcount(k) == max(bin(i).count("1") for i in range(k + 1))
     for n in range(1, 300):
         assert cost.ceil_log2(n) == math.ceil(math.log2(n))
-        assert cost.binomial_reduce_steps(n) == (max(bin(i).count("1") for i in range(n)) if n > 1 else 0)
-    # Powers of two: the reduce needs log2 N steps; N = 3 only one (both send to the root at once).
+        # One receive per step: the root takes its ceil(log2 N) children one by one.
+        assert cost.binomial_reduce_steps(n) == (math.ceil(math.log2(n)) if n > 1 else 0)
     assert [cost.binomial_reduce_steps(2 ** k) for k in range(6)] == [0, 1, 2, 3, 4, 5]
-    assert cost.binomial_reduce_steps(3) == 1
+    assert cost.binomial_reduce_steps(3) == 2     # both children reach the root, one step each
 
 
 def test_table_lists_every_algorithm_that_fits_the_world():

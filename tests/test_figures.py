@@ -1,4 +1,4 @@
-"""The whole-trace figures (ringlab.figures, second half): the data each one is
+"""The whole-trace figures (ringlab.show.figures, second half): the data each one is
 drawn from, checked against values derived by hand from the ring algorithm,
 and the figures themselves checked to draw exactly that data."""
 
@@ -13,9 +13,9 @@ import pytest  # noqa: E402
 import ringlab  # noqa: E402
 from ringlab import Event, Trace  # noqa: E402
 from ringlab.collectives import ring_allreduce  # noqa: E402
-from ringlab.figures import (bytes_by_rank, holdings_grid, plot_bytes_sent,  # noqa: E402
+from ringlab.show.figures import (bytes_by_rank, holdings_grid, plot_bytes_sent,  # noqa: E402
                              plot_holdings_grid, plot_spacetime, spacetime_arrows)
-from ringlab.timeline import AlphaBeta  # noqa: E402
+from ringlab.show.timeline import AlphaBeta  # noqa: E402
 
 
 def ring(n, length):

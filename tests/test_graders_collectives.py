@@ -7,7 +7,7 @@ import pytest
 import ringlab
 from ringlab import collectives as C
 from ringlab.grading import GRADERS
-from ringlab.grading.fix_ring_allgather import BUGGY_SOURCE, buggy_ring_allgather
+from ringlab.grading.exercises.collectives.fix_ring_allgather import BUGGY_SOURCE, buggy_ring_allgather
 
 IDS = ["ring_allgather", "ring_reduce_scatter", "tree_broadcast", "binomial_broadcast",
        "alltoall", "ring_alltoall", "fix_ring_allgather"]
@@ -308,7 +308,7 @@ RS_WRONG = [
                                                  "must be the one it added into at step k"]),
     (rs_via_allreduce, "exactly N-1 steps", ["took 6 steps", "no all-gather phase"]),
     (rs_whole_vectors, "one chunk per message", ["(the whole vector)", "at most one chunk: ceil(12/4) = 3"]),
-    (rs_direct, "only between ring neighbours", ["rank 2 sent to rank 0"]),
+    (rs_direct, "only between ring neighbours", ["rank 0 sent to rank 2"]),
     (rs_central, "only between ring neighbours", ["central reduction through one rank", "rank 0"]),
     (rs_returns_whole_vector, "every rank returns its result", ["shape (12,) (the whole vector)",
                                                                 "np.array_split(vector, world_size)[rank]"]),
@@ -868,7 +868,7 @@ def test_stub_is_not_implemented_and_docstring_states_the_signature(exercise):
     report = ringlab.grade(exercise, stub, seed=0)
     assert report.not_implemented and "not implemented yet" in str(report)
     import importlib
-    doc = importlib.import_module(f"ringlab.grading.{exercise}").__doc__
+    doc = importlib.import_module(f"ringlab.grading.exercises.collectives.{exercise}").__doc__
     assert f"exercise ``{exercise}``" in doc and ("Signature" in doc or "signature" in doc.lower())
 
 
@@ -892,7 +892,7 @@ def test_reports_are_reproducible_from_their_seed(exercise):
 
 
 def test_ring_alltoall_path_check_catches_a_block_that_turns_back():
-    from ringlab.grading import ring_alltoall as grader
+    from ringlab.grading.exercises.collectives import ring_alltoall as grader
     from ringlab.grading.report import Case
     from ringlab.trace import Event
     case = Case(5, [], "world_size=5")
@@ -920,7 +920,7 @@ def test_the_four_ring_alltoall_mistakes_get_four_hints():
 
 
 def test_xor_hint_only_on_world_sizes_that_are_not_powers_of_two():
-    from ringlab.grading.alltoall import _xor_hint
+    from ringlab.grading.exercises.collectives.alltoall import _xor_hint
     from ringlab.grading.report import Failure
     for n, expected in ((4, False), (8, False), (3, True), (6, True)):
         f = Failure("case", "check", "what", hint="h", error=RuntimeError())

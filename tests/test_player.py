@@ -1,4 +1,4 @@
-"""ringlab.player: the layout chosen for a trace, the data handed to the
+"""ringlab.show.player: the layout chosen for a trace, the data handed to the
 JavaScript, and the self-contained HTML. (The JavaScript itself runs in
 tests/test_browser.py.) Expected values are derived by hand in comments."""
 
@@ -12,7 +12,7 @@ import pytest
 import ringlab
 from ringlab import Event, Trace
 from ringlab.collectives import binomial_broadcast, ring_allreduce
-from ringlab.player import TracePlayer, infer_layout, layout, player_data
+from ringlab.show.player import TracePlayer, infer_layout, layout, player_data
 
 
 def ring(n, length=8):
@@ -124,9 +124,9 @@ def test_html_is_self_contained_and_safe(tmp_path):
 
 
 def test_assets_are_package_data():
-    js = resources.files("ringlab.player").joinpath("player.js").read_text()
+    js = resources.files("ringlab.show.player").joinpath("player.js").read_text()
     assert "RinglabPlayer" in js and "</script" not in js
-    assert ".ringlab-player" in resources.files("ringlab.player").joinpath("player.css").read_text()
+    assert ".ringlab-player" in resources.files("ringlab.show.player").joinpath("player.css").read_text()
 
 
 def test_trace_methods():

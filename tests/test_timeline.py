@@ -1,4 +1,4 @@
-"""ringlab.timeline: time models and the Chrome Trace Event export.
+"""ringlab.show.timeline: time models and the Chrome Trace Event export.
 
 The export is checked with an independent validator of the Trace Event format
 (as documented for chrome://tracing and Perfetto's JSON importer): required
@@ -14,8 +14,8 @@ import pytest
 import ringlab
 from ringlab import Event, Trace
 from ringlab.collectives import ring_allreduce
-from ringlab.timeline import AlphaBeta, StepTime, event_times, to_chrome_trace
-from ringlab.views import alpha_beta_time
+from ringlab.show.timeline import AlphaBeta, StepTime, event_times, to_chrome_trace
+from ringlab.show.views import alpha_beta_time
 
 PHASES = {"X", "B", "E", "i", "I", "M", "s", "t", "f", "C", "b", "e", "n"}
 

@@ -35,7 +35,7 @@ TORCHRUN = os.path.join(os.path.dirname(PY), "torchrun")
 @pytest.fixture(scope="module", autouse=True)
 def pool():
     yield
-    from ringlab.backends import pool
+    from ringlab.backends.torch import pool
     pool.shutdown()
     assert _ours(_descendants(os.getpid())) == [], "worker processes left behind after shutdown()"
 
@@ -46,7 +46,7 @@ def _ours(pids):
     for pid in pids:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"ringlab.backends.worker" in f.read():
+                if b"ringlab.backends.torch.worker" in f.read():
                     found.append(pid)
         except OSError:
             pass
@@ -82,7 +82,7 @@ def _alive(pid):
 
 
 def _worker_pids():
-    from ringlab.backends import pool
+    from ringlab.backends.torch import pool
     return [w.pid for w in pool.get_pool().workers]
 
 
@@ -132,7 +132,7 @@ def test_reference_collective_same_outputs_and_trace(name, world_size):
 
 
 def test_bus_bandwidth_as_nccl_tests_defines_it():
-    from ringlab.backends.timing import bandwidths
+    from ringlab.backends.torch.timing import bandwidths
     assert bandwidths(1e9, 0.5, 8) == pytest.approx((2.0, 2.0 * 2 * 7 / 8))   # algbw S/t; busbw x 2(n-1)/n
     assert bandwidths(3e9, 1.5, 2) == pytest.approx((2.0, 2.0))
     # The factor is what a ring AllReduce sends per rank, in units of the vector: 2(n-1)/n.
@@ -142,7 +142,7 @@ def test_bus_bandwidth_as_nccl_tests_defines_it():
 
 
 def test_timing_harness_runs_every_contender_and_checks_the_sums():
-    from ringlab.backends.timing import measure
+    from ringlab.backends.torch.timing import measure
     table = measure(world_size=2, sizes=[4096, 12345 * 4], repeats=2)
     assert sorted(table) == [4096, 12345 * 4]
     for row in table.values():
@@ -255,7 +255,7 @@ def test_program_defined_in_python_c_runs_on_real_processes():
 
 
 def test_importing_ringlab_does_not_import_torch():
-    code = ("import sys, numpy as np, ringlab, ringlab.collectives, ringlab.backends, ringlab.backends.pool\n"
+    code = ("import sys, numpy as np, ringlab, ringlab.collectives, ringlab.backends, ringlab.backends.torch.pool\n"
             "ringlab.run(ringlab.collectives.ring_allreduce, [np.ones(3)] * 2)\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120)
@@ -374,8 +374,8 @@ def test_deadlock_is_found_at_once_and_named_like_the_simulator():
 
 
 def test_deadlock_rule_on_hand_made_status_blocks():
-    from ringlab.backends import status as st
-    from ringlab.backends.supervisor import _deadlock
+    from ringlab.backends.torch import status as st
+    from ringlab.backends.torch.supervisor import _deadlock
 
     def block(state, peer=-1, sent=(), received=()):
         words = np.zeros(8 + 2 * st.MAX_RANKS, np.int64)
@@ -387,8 +387,9 @@ def test_deadlock_rule_on_hand_made_status_blocks():
         return words
 
     # rank 0 waits for rank 1, which has finished and sent it nothing more: deadlock
+    from ringlab.errors import Wait
     assert _deadlock([block(st.RECV, 1, received=[(1, 2)]), block(st.DONE, sent=[(0, 2)])]) == {
-        0: "waits in recv(src=1) (its clock: step 3)"}
+        0: Wait("recv", 1, "waits in recv(src=1) (its clock: step 3)")}
     # ... but not if a message from rank 1 is still on its way
     assert _deadlock([block(st.RECV, 1, received=[(1, 2)]), block(st.DONE, sent=[(0, 3)])]) is None
     # a rank finishing a send that its receiver already has is about to move on
@@ -460,7 +461,7 @@ def _with_device_framing(program):
     being the CPU: the NCCL code path of wire.py, minus NCCL."""
     def framed(comm, x, *args, **kwargs):
         import torch
-        from ringlab.backends import protocol, wire
+        from ringlab.backends.torch import protocol, wire
         world = protocol.current_world
         world.device = torch.device("cpu")
         world.wire = wire.Wire(device=world.device)
@@ -534,7 +535,7 @@ def test_gpu_framing_sendrecv_keeps_channel_order_and_errors():
 
 
 def test_a_busy_port_is_no_obstacle(monkeypatch):
-    from ringlab.backends import pool
+    from ringlab.backends.torch import pool
     pool.shutdown()                               # start from scratch, with the usual port taken
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -547,7 +548,7 @@ def test_a_busy_port_is_no_obstacle(monkeypatch):
 def test_killing_the_parent_takes_the_workers_with_it():
     code = ("import numpy as np, ringlab\n"
             "import ringlab.collectives\n"
-            "from ringlab.backends import pool\n"
+            "from ringlab.backends.torch import pool\n"
             "ringlab.run(ringlab.collectives.ring_allreduce, [np.ones(3)] * 2, backend='torch')\n"
             "print(*[w.pid for w in pool.get_pool().workers], pool.get_pool().zygote.proc.pid, flush=True)\n"
             "import time; time.sleep(60)\n")

@@ -1,4 +1,4 @@
-"""ringlab.views: holdings replayed from a trace, and the alpha-beta price of a trace.
+"""ringlab.show.views: holdings replayed from a trace, and the alpha-beta price of a trace.
 
 Expected values are derived by hand in the comments, never copied from the code.
 """
@@ -9,7 +9,7 @@ import pytest
 import ringlab
 from ringlab import Event, Trace
 from ringlab.collectives import ring_allreduce
-from ringlab.views import alpha_beta_time, holdings, holdings_table, step_bytes
+from ringlab.show.views import alpha_beta_time, holdings, holdings_table, step_bytes
 
 F = frozenset
 
@@ -127,9 +127,9 @@ def test_ring_price_matches_closed_form(n):
 
 
 def test_central_reduction_price_by_hand():
-    # Everyone sends its whole vector (v bytes) to rank 0 at step 1: rank 0
-    # receives (N-1) v in that step. Rank 0 then sends the sum to ranks 1..N-1
-    # one per step (steps 2..N): v each. T = N alpha + 2(N-1) v beta.
+    # Everyone sends its whole vector (v bytes) to rank 0, whose receive port
+    # takes one per step (steps 1..N-1). Rank 0 then sends the sum to ranks
+    # 1..N-1 one per step (steps N..2N-2): v each. T = 2(N-1) (alpha + v beta).
     def central(comm, x):
         if comm.rank:
             comm.send(x, 0)
@@ -140,5 +140,5 @@ def test_central_reduction_price_by_hand():
         return total
     n, v = 5, 8 * 10
     trace = ringlab.run(central, [np.ones(10)] * n).trace
-    assert step_bytes(trace) == {1: (n - 1) * v, **{s: v for s in range(2, n + 1)}}
-    assert alpha_beta_time(trace, 2.0, 0.5) == pytest.approx(n * 2.0 + 2 * (n - 1) * v * 0.5)
+    assert step_bytes(trace) == {s: v for s in range(1, 2 * (n - 1) + 1)}
+    assert alpha_beta_time(trace, 2.0, 0.5) == pytest.approx(2 * (n - 1) * (2.0 + v * 0.5))

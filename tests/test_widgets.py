@@ -1,4 +1,4 @@
-"""ringlab.widgets: the live control panel reruns the chosen algorithm and redraws."""
+"""ringlab.show.widgets: the live control panel reruns the chosen algorithm and redraws."""
 
 import matplotlib
 
@@ -7,7 +7,7 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 
 import ringlab.collectives  # noqa: E402
-from ringlab.widgets import algorithms, example_inputs, explorer  # noqa: E402
+from ringlab.show.widgets import algorithms, example_inputs, explorer  # noqa: E402
 
 
 def test_algorithms_are_looked_up_at_call_time(monkeypatch):

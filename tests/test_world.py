@@ -281,7 +281,7 @@ def test_a_rank_stuck_in_a_blocking_call_is_stopped_too(stuck):
     # After a wake-up our empty handler stays (a late signal must not end the
     # process); it still works for the next run, and a run that ends in time
     # puts the default back.
-    from ringlab.world import _woken
+    from ringlab.sim.watchdog import _woken
     assert signal.getsignal(signal.SIGUSR2) is _woken
     time.sleep(0.4)
     with pytest.raises(ProgramTimeout):

@@ -48,14 +48,14 @@ def run(backend, program, inputs, *, args=(), kwargs=None, timeout=10.0, check_u
         raise ValueError(f"unknown backend {backend!r}; known: 'sim', {', '.join(map(repr, BACKENDS))}")
     if importlib.util.find_spec("torch") is None:
         raise ImportError(f"backend={backend!r} needs PyTorch: pip install 'ringlab[torch]'")
-    from . import supervisor
+    from .torch import supervisor
     return supervisor.run(BACKENDS[backend], program, inputs, args=args, kwargs=kwargs, timeout=timeout,
                     check_unreceived=check_unreceived)
 
 
 def shutdown():
     """Stop the worker processes kept for the next run (also done at exit)."""
-    from . import pool
+    from .torch import pool
     pool.shutdown()
 
 

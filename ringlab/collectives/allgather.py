@@ -21,7 +21,7 @@ rank 3's vector; a message carrying several blocks has a tuple of them.
 
 import numpy as np
 
-from ..world import collective
+from ..comm import collective
 from .broadcast import check_root, flat_broadcast
 
 
@@ -60,8 +60,8 @@ def naive_allgather(comm, x, root=0):
 
     >>> import numpy as np, ringlab
     >>> res = ringlab.run(naive_allgather, [np.array([float(r)]) for r in range(4)])
-    >>> res.outputs[3], res.trace.steps     # 1 step to gather, N-1 to send back
-    (array([0., 1., 2., 3.]), 4)
+    >>> res.outputs[3], res.trace.steps     # N-1 steps to gather (one receive a step), N-1 back
+    (array([0., 1., 2., 3.]), 6)
     """
     n, rank = comm.world_size, comm.rank
     check_root(comm, root, "naive_allgather")

@@ -15,7 +15,7 @@ of N/(N-1) of what any algorithm must send, whatever N is.
 
 import numpy as np
 
-from ..world import collective
+from ..comm import collective
 from .broadcast import binomial_broadcast
 from .reduce import binomial_reduce
 

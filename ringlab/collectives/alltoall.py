@@ -25,7 +25,7 @@ block, a tuple of such pairs for several.
 
 import numpy as np
 
-from ..world import collective
+from ..comm import collective
 
 
 def _check_blocks(comm, blocks, name):

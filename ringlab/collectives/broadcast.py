@@ -29,7 +29,7 @@ Messages carry the whole vector as ``chunk=0``, or segment s as ``chunk=s``.
 
 import numpy as np
 
-from ..world import collective
+from ..comm import collective
 
 
 def check_root(comm, root, name):

@@ -13,7 +13,7 @@ taking in one whole vector per child, shows in the bytes the root receives.
 
 import numpy as np
 
-from ..world import collective
+from ..comm import collective
 from .broadcast import check_root
 
 

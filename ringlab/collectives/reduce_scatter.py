@@ -20,7 +20,7 @@ ranks in 2(N-1) steps, exactly like ``ring_allreduce``.
 
 import numpy as np
 
-from ..world import collective
+from ..comm import collective
 
 
 @collective

@@ -18,14 +18,14 @@ from .report import Failure, Report, grade_cases
 
 # exercise id -> module in ringlab.grading that defines cases(rng) and check(program, case, backend)
 GRADERS = {
-    "ring_allreduce": "ring_allreduce",
-    "ring_allgather": "ring_allgather",
-    "ring_reduce_scatter": "ring_reduce_scatter",
-    "tree_broadcast": "tree_broadcast",
-    "binomial_broadcast": "binomial_broadcast",
-    "alltoall": "alltoall",
-    "ring_alltoall": "ring_alltoall",
-    "fix_ring_allgather": "fix_ring_allgather",
+    "ring_allreduce": "exercises.collectives.ring_allreduce",
+    "ring_allgather": "exercises.collectives.ring_allgather",
+    "ring_reduce_scatter": "exercises.collectives.ring_reduce_scatter",
+    "tree_broadcast": "exercises.collectives.tree_broadcast",
+    "binomial_broadcast": "exercises.collectives.binomial_broadcast",
+    "alltoall": "exercises.collectives.alltoall",
+    "ring_alltoall": "exercises.collectives.ring_alltoall",
+    "fix_ring_allgather": "exercises.collectives.fix_ring_allgather",
 }
 
 

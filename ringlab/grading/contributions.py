@@ -10,7 +10,7 @@ and short vectors.
 
 import numpy as np
 
-from ..world import run
+from ..runner import run
 
 BASE = 16
 MAX_WORLD = 8

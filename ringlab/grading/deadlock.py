@@ -13,6 +13,8 @@ finished") and reads the messages still in flight from the error's trace
 
 import re
 
+from ..errors import Wait
+
 GENERIC = ("Every recv needs a matching send on the peer, in the same order. A rank waiting for a "
            "message nobody sends usually means the ranks disagree about the step or the peer.")
 EVERYONE_RECEIVES = ("Every rank waits to receive before anyone sends: send first, or use "
@@ -24,6 +26,8 @@ _SEND = re.compile(r"send\(dst=(\d+)|until rank (\d+) receives")
 
 def waits_for(description):
     """("recv", peer) or ("send", peer) from one ``DeadlockError.waiting`` entry, or None."""
+    if isinstance(description, Wait):
+        return (description.kind, description.peer) if description.kind in ("recv", "send") else None
     m = _RECV.search(description)
     if m:
         return "recv", int(m.group(1))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import DeadlockError, ProgramTimeout, RankError, UnreceivedMessagesError
-from ..world import run
+from ..runner import run
 from . import deadlock
 
 

@@ -1,0 +1,293 @@
+"""What a rank sees: ``Comm``, the object every ringlab program talks through.
+
+A program is written once and runs on every rank (SPMD), like under
+``torchrun``. ``comm.rank`` and ``comm.world_size`` say who this is; ``send``,
+``recv`` and friends mirror ``torch.distributed``'s point-to-point calls::
+
+    >>> import numpy as np, ringlab
+    >>> def pass_right(comm, x):
+    ...     comm.send(x, (comm.rank + 1) % comm.world_size)
+    ...     return comm.recv((comm.rank - 1) % comm.world_size)
+    >>> res = ringlab.run(pass_right, [np.array([0.]), np.array([1.]), np.array([2.])])
+    >>> [float(y[0]) for y in res.outputs]
+    [2.0, 0.0, 1.0]
+
+A ``Comm`` belongs to a *group* of ranks. The one ``run`` hands out is the
+whole world; ``comm.new_group(ranks)`` and ``comm.split(color)`` make smaller
+ones (``ringlab.DeviceMesh`` makes a grid of them). In a group, ``rank``,
+``world_size`` and the peers you name are the group's own numbers (0 .. size-1);
+the trace records global rank numbers and the group's name.
+
+The same class serves the simulator (``ringlab.sim``) and real processes
+(``ringlab.backends.torch``): each supplies the "world" that the methods below
+call into. The checks of a call's arguments live here, so that both report a
+mistake in the same words.
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import CommError
+from .trace import Trace
+
+
+@dataclass(frozen=True)
+class Group:
+    """A set of global ranks that talk among themselves.
+
+    ``ranks``: global rank numbers, in group-rank order. ``label``: what the
+    trace records (the name, or the tuple of ranks; None for the whole world).
+    ``gid``: the message space's number; messages never cross spaces.
+    """
+
+    ranks: tuple
+    label: object
+    gid: int
+
+    @property
+    def size(self):
+        return len(self.ranks)
+
+
+class Comm:
+    """One rank's handle on one group (the whole world by default)."""
+
+    def __init__(self, world, actor, group, stream=0):
+        self._world, self._me, self.group, self._stream = world, actor, group, stream
+        self.rank = group.ranks.index(actor.rank)
+        self.world_size = group.size
+        self._to_global = group.ranks
+        self._index = {g: i for i, g in enumerate(group.ranks)}
+
+    # -- where we are -----------------------------------------------------------
+    @property
+    def global_rank(self):
+        """This rank's number in the whole world."""
+        return self._me.rank
+
+    @property
+    def step(self):
+        """This rank's step clock: the step of the last message it sent or received."""
+        return self._me.clock
+
+    @property
+    def time(self):
+        """This rank's simulated time in seconds (0 unless compute or a network model)."""
+        return self._me.time
+
+    def _peer(self, peer, call, what):
+        """A group rank -> the global rank, with the checks and their wording."""
+        n = self.world_size
+        if type(peer) is int and 0 <= peer < n and peer != self.rank:
+            return self._to_global[peer]          # the common case, checked cheaply
+        me, where = self._me, f"rank {self.rank}, step {self._me.clock + 1}"
+        if self.group.label is not None:
+            where = f"rank {self.rank} of group {self.group.label!r} (global rank {me.rank}), step {me.clock + 1}"
+        if isinstance(peer, (bool, np.bool_)) or not isinstance(peer, (int, np.integer)):
+            raise CommError(f"{where}: {call}({what}={peer!r}): {what} must be an int rank in 0..{n - 1}")
+        if not 0 <= peer < n:
+            raise CommError(f"{where}: {call}({what}={peer}): there is no rank {peer}; ranks are "
+                            f"0..{n - 1} (world_size={n}). Hint: neighbours wrap around, e.g. "
+                            f"(rank + 1) % world_size.")
+        raise CommError(f"{where}: {call}({what}={peer}): a rank cannot {call} to or from itself; "
+                        f"keep your own data locally.")
+
+    # -- point to point ----------------------------------------------------------
+    def send(self, array, dst, *, chunk=None, op=None, tag=0):
+        """Send ``array`` to rank ``dst``. ``chunk`` and ``op`` label the message
+        in the trace (which piece moves, and what the receiver does with it)."""
+        self.isend(array, dst, chunk=chunk, op=op, tag=tag).wait()
+
+    def isend(self, array, dst, *, chunk=None, op=None, tag=0):
+        """Start a send; returns a request. The payload is copied now, so you may
+        change ``array`` afterwards without changing what arrives."""
+        dst = self._peer(dst, "send", "dst")
+        if not isinstance(array, np.ndarray):
+            raise CommError(f"rank {self.rank}, step {self._me.clock + 1}: send(dst={self._index[dst]}) "
+                            f"needs a numpy array, got {type(array).__name__}. Hint: np.asarray(value).")
+        return self._world._isend(self, array, dst, chunk, op, tag)
+
+    def recv(self, src, *, out=None, shape=None, dtype=None, tag=0):
+        """Receive the next message from rank ``src`` and return it.
+
+        Pass ``out=`` (an array to fill, as in ``torch.distributed.recv``) or
+        ``shape=``/``dtype=`` to have the message checked against what you expect.
+        """
+        return self.irecv(src, out=out, shape=shape, dtype=dtype, tag=tag).wait()
+
+    def irecv(self, src, *, out=None, shape=None, dtype=None, tag=0):
+        """Post a receive; ``request.wait()`` returns the array."""
+        src = self._peer(src, "recv", "src")
+        return self._world._irecv(self, src, expect(self.rank, self._index[src], out, shape, dtype),
+                                  out, tag)
+
+    def recv_any(self, *, tag=0):
+        """Receive the first message to arrive from any rank of the group:
+        returns ``(src, array)`` (``MPI_ANY_SOURCE``, ``dist.recv(src=None)``).
+
+        "First" is the earliest simulated arrival; ties, and runs without a
+        network model, go to the earliest step, then the lowest sending rank.
+        """
+        src, array = self._world._recv_any(self, tag)
+        return self._index[src], array
+
+    def sendrecv(self, array, dst, src, *, chunk=None, op=None, tag=0):
+        """Send to ``dst`` and receive from ``src`` at once (like ``MPI_Sendrecv``).
+        Safe even in rendezvous mode, because the send does not block the receive."""
+        req = self.isend(array, dst, chunk=chunk, op=op, tag=tag)
+        got = self.recv(src, tag=tag)
+        req.wait()
+        return got
+
+    # -- time ----------------------------------------------------------------------
+    def compute(self, seconds, label="compute", **meta):
+        """Spend ``seconds`` of simulated time computing; the trace records it
+        with ``label`` and ``meta`` (``layer=3``, ``microbatch=0``, ...)."""
+        if not (isinstance(seconds, (int, float, np.floating, np.integer)) and seconds >= 0):
+            raise CommError(f"rank {self.rank}, step {self._me.clock}: compute(seconds={seconds!r}) "
+                            f"needs a number of seconds >= 0")
+        self._world._compute(self, float(seconds), label, meta)
+
+    def start(self, fn, *args, **kwargs):
+        """Run ``fn(comm, *args, **kwargs)`` on this rank's communication stream,
+        concurrently with the program (like ``dist.all_reduce(..., async_op=True)``).
+
+        Returns a ``Work``: ``work.wait()`` gives ``fn``'s result. Works started
+        on one group run one after another, in order; their messages have a
+        message space of their own, so they never mix with the program's.
+        """
+        return self._world._start(self, fn, args, kwargs)
+
+    # -- groups ----------------------------------------------------------------------
+    def new_group(self, ranks, name=None):
+        """A sub-communicator over ``ranks`` (this group's rank numbers).
+
+        Every rank of this group calls it, with the same arguments, like
+        ``torch.distributed.new_group``; members get a ``Comm`` whose ``rank``
+        and ``world_size`` are the new group's, the others get ``None``.
+        """
+        try:
+            members = [int(r) for r in ranks]
+        except (TypeError, ValueError):
+            raise CommError(f"rank {self.rank}: new_group(ranks={ranks!r}) needs a list of ints") from None
+        bad = [r for r in members if not 0 <= r < self.world_size]
+        if bad or len(set(members)) != len(members) or not members:
+            raise CommError(f"rank {self.rank}: new_group(ranks={members}) needs distinct ranks in "
+                            f"0..{self.world_size - 1}, at least one")
+        group = self._world._new_group(self, tuple(self._to_global[r] for r in members), name)
+        return self._sub(group) if self._me.rank in group.ranks else None
+
+    def split(self, color, key=0, name=None):
+        """MPI's ``Comm.Split``: ranks that pass the same ``color`` form a group,
+        ordered by ``key`` and then by their rank here. A rank passing
+        ``color=None`` joins none and gets ``None``. Every rank of this group calls it."""
+        told = self._world._agree(self, ("split", color, key), "split")
+        colors = sorted({c for _, c, _ in told if c is not None}, key=repr)
+        mine = None
+        for c in colors:      # every rank creates every group, in the same order
+            members = sorted((k, r) for r, (_, cc, k) in enumerate(told) if cc == c)
+            label = None if name is None else (name if len(colors) == 1 else f"{name}[{c}]")
+            comm = self.new_group([r for _, r in members], label)
+            if c == color:
+                mine = comm
+        return mine
+
+    def barrier(self):
+        """Wait until every rank of the group has called ``barrier``."""
+        self._world._agree(self, None, "barrier")
+
+    def _sub(self, group):
+        return type(self)(self._world, self._me, group, self._stream)
+
+    # -- labels ------------------------------------------------------------------------
+    @contextmanager
+    def span(self, name):
+        """Label every message sent inside the block as part of ``name``.
+        Spans nest: ``"mlp.forward/ring_allreduce"``."""
+        me = self._me
+        outer = me.span_path
+        me.span_path = f"{outer}/{name}" if outer else name
+        start, t0 = me.clock, me.time
+        try:
+            yield
+        finally:
+            me.spans.append(self._world._span(me, me.span_path, start, t0, self.group.label))
+            me.span_path = outer
+
+    def __repr__(self):
+        g = "" if self.group.label is None else f" group={self.group.label!r}"
+        return f"<Comm rank={self.rank} world_size={self.world_size}{g} step={self.step}>"
+
+
+def collective(fn):
+    """Decorator: run ``fn(comm, ...)`` inside ``comm.span(fn.__name__)`` so the
+    trace shows it as one labelled collective call."""
+    @functools.wraps(fn)
+    def wrapper(comm, *args, **kwargs):
+        with comm.span(fn.__name__):
+            return fn(comm, *args, **kwargs)
+    return wrapper
+
+
+@dataclass
+class RunResult:
+    """What ``run`` returns: per-rank ``outputs`` (in rank order), the ``trace``,
+    and ``time``, the simulated makespan in seconds (0 without compute or network)."""
+
+    outputs: list
+    trace: Trace
+    payloads: dict | None = None   # payload_key(event) -> array, if record_payloads
+    time: float = 0.0
+
+    def payload(self, event):
+        """The array message ``event`` carried (the run must have had ``record_payloads=True``)."""
+        return self.payloads[payload_key(event)]
+
+    @property
+    def world_size(self):
+        return self.trace.world_size
+
+    @property
+    def steps(self):
+        return self.trace.steps
+
+
+def payload_key(event):
+    """How recorded payloads are looked up: the message's channel and position on it."""
+    return (event.group, event.stream, event.src, event.dst, event.tag, event.seq)
+
+
+# -- checks shared by every backend -------------------------------------------------------
+
+def expect(rank, src, out, shape, dtype):
+    """A receive's expectation ``(shape or None, dtype or None)``, checked."""
+    if out is not None:
+        if not isinstance(out, np.ndarray):
+            raise CommError(f"rank {rank}: recv(src={src}, out=...) needs a numpy array to fill")
+        shape, dtype = out.shape, out.dtype
+    if shape is not None:
+        shape = tuple(int(d) for d in np.atleast_1d(shape)) if np.ndim(shape) else (int(shape),)
+    return shape, None if dtype is None else np.dtype(dtype)
+
+
+def mismatch(rank, src, step, expected, shape, dtype, chunk):
+    """The error for a message (``shape``, ``dtype``, ``chunk`` label, sent at
+    ``step`` by ``src``) that is not what ``rank``'s receive ``expected``;
+    None if it fits."""
+    want_shape, want_dtype = expected
+    if (want_shape is not None and shape != want_shape) or (want_dtype is not None and dtype != want_dtype):
+        want = f"shape {want_shape if want_shape is not None else 'any'} {want_dtype if want_dtype is not None else ''}".strip()
+        return CommError(
+            f"rank {rank}, step {step}: recv(src={src}) expected {want} but rank {src} sent "
+            f"shape {shape} {dtype} (its message of step {step}" + (f", chunk {chunk}" if chunk is not None else "") + ")")
+    return None
+
+
+@functools.cache
+def dtype_name(dtype):
+    return dtype.name    # numpy computes this slowly; a run asks hundreds of thousands of times

@@ -1,0 +1,1 @@
+"""One grader module per exercise id, in one folder per part of the book."""

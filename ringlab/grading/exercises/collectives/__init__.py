@@ -1,0 +1,1 @@
+"""Graders of Part 1, collectives from send and receive."""

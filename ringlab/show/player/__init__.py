@@ -1,0 +1,169 @@
+"""The trace player: any trace as an interactive diagram you can step through.
+
+``trace.show()`` in a notebook (or a book page) displays it; ``trace.save_html(path)``
+writes a standalone page. Either way it is one self-contained piece of HTML with
+inline CSS, JavaScript and SVG: nothing is fetched from the network and no
+kernel is needed, so it keeps working in the static book and offline::
+
+    >>> import numpy as np, ringlab
+    >>> from ringlab.collectives import ring_allreduce
+    >>> trace = ringlab.run(ring_allreduce, [np.ones(8)] * 4).trace
+    >>> player = trace.show()              # in a notebook: the last line of a cell
+    >>> player.data["layout"]["kind"], player.data["steps"]
+    ('ring', 6)
+    >>> path = trace.save_html("ring.html")  # doctest: +SKIP
+
+What the JavaScript (``player.js``, read it!) draws comes from ``player_data``:
+the layout (``ringlab.show.player.layouts``), the events of every step and, for a
+labelled trace, which ranks' contributions each chunk holds after each step
+(``ringlab.show.views.holdings``). Beyond ``detail_limit`` ranks (32) each rank is one
+square coloured by the share of all contributions it holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import itertools
+import json
+import numbers
+from importlib import resources
+from pathlib import Path
+
+from ..views import OPS, holdings
+from .layouts import LAYOUTS, infer_layout, layout
+
+__all__ = ["TracePlayer", "show", "save_html", "player_data", "infer_layout", "layout", "LAYOUTS"]
+
+DETAIL_LIMIT = 32
+MAX_EVENTS = 50_000            # ~1 MB of page; beyond that, filter the trace first
+MAX_CELLS = 2_000_000          # steps x ranks x chunks replayed for the colours
+MAX_CHUNKS = 64                # cells per rank box
+
+_counter = itertools.count()   # with a content hash: ids unique on a page, stable across builds
+
+
+def _asset(name):
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+def _label(chunk):
+    return str(chunk.item() if hasattr(chunk, "item") else chunk)
+
+
+def _title(trace):
+    calls = sorted({sp.path.split("/")[0] for sp in trace.spans})
+    what = ", ".join(calls) if calls else "trace"
+    return (f"{what} · {trace.world_size} ranks · {trace.steps} steps · "
+            f"{len(trace)} message{'s' if len(trace) != 1 else ''}")
+
+
+def player_data(trace, *, layout_kind=None, title=None, detail_limit=DETAIL_LIMIT):
+    """Everything the JavaScript draws, as JSON-ready Python data.
+
+    ``events``: ``[step, src, dst, chunk index, op index, nbytes, span index]``
+    (index -1 = none) into ``chunks``, ``ops``, ``spans``. ``holdings``: None for an
+    unlabelled trace (``note`` says why); ``mode="detail"`` with ``start`` (one hex
+    bit mask of contributing ranks per rank x chunk) and, for each step, the
+    cells that changed ``[rank, chunk index, mask]``; or ``mode="aggregate"`` with
+    ``held[step][rank]`` = contributions held, summed over chunks.
+    """
+    if len(trace) > MAX_EVENTS:
+        raise ValueError(f"this trace has {len(trace)} messages, more than the player draws "
+                         f"({MAX_EVENTS}); show part of it, e.g. trace.filter(span=...)")
+    n = trace.world_size
+    chunks = sorted({e.chunk for e in trace if e.chunk is not None}, key=_sort_key)
+    ops = sorted({e.op for e in trace if e.op is not None})
+    spans = sorted({e.span for e in trace})
+    ci = {c: i for i, c in enumerate(chunks)}
+    oi = {o: i for i, o in enumerate(ops)}
+    si = {s: i for i, s in enumerate(spans)}
+    events = [[e.step, e.src, e.dst, ci.get(e.chunk, -1), oi.get(e.op, -1), e.nbytes, si[e.span]]
+              for e in trace]
+    held, note = _holdings(trace, chunks, detail_limit)
+    return {"worldSize": n, "steps": trace.steps, "title": title or _title(trace),
+            "layout": layout(trace, layout_kind), "detailLimit": detail_limit,
+            "chunks": [_label(c) for c in chunks], "ops": ops, "spans": spans,
+            "events": events, "holdings": held, "note": note}
+
+
+def _sort_key(c):     # numbers in numeric order (0, 1, ..., 10), then any other labels
+    return (0, c, "") if isinstance(c, numbers.Real) else (1, 0, repr(c))
+
+
+def _holdings(trace, chunks, detail_limit):
+    """The chunk colours (see player_data), or (None, why not)."""
+    if len(trace) == 0:
+        return None, ""
+    if any(e.chunk is None or e.op not in OPS for e in trace):
+        return None, f"Chunk colours need every message labelled with chunk= and op= in {OPS}."
+    n = trace.world_size
+    if len(chunks) > MAX_CHUNKS or not all(isinstance(c, numbers.Integral) for c in chunks):
+        return None, "Chunk colours need at most 64 chunk labels, numbered 0, 1, ...; showing messages."
+    if (trace.steps + 1) * n * len(chunks) > MAX_CELLS:
+        return None, "Too big to replay chunk holdings; showing messages only."
+    h = holdings(trace, chunks)        # the checks above leave it nothing to object to
+    if n > detail_limit:
+        return {"mode": "aggregate",
+                "held": [[sum(len(s) for s in state[r].values()) for r in range(n)] for state in h]}, ""
+
+    def mask(ranks):
+        return format(sum(1 << r for r in ranks), "x")
+    start = [mask(h[0][r][c]) for r in range(n) for c in chunks]
+    changes = [[[r, k, mask(now[r][c])] for r in range(n) for k, c in enumerate(chunks)
+                if now[r][c] != before[r][c]]
+               for before, now in zip([h[0]] + h[:-1], h)]
+    return {"mode": "detail", "start": start, "changes": changes}, ""
+
+
+class TracePlayer:
+    """An interactive player for one trace. Displays itself in a notebook
+    (``_repr_html_``); ``html()`` is the snippet, ``page()`` a whole document."""
+
+    def __init__(self, trace, *, layout=None, title=None, detail_limit=DETAIL_LIMIT):
+        self.trace = trace
+        self.data = player_data(trace, layout_kind=layout, title=title, detail_limit=detail_limit)
+
+    def __repr__(self):
+        return f"<TracePlayer: {self.data['title']}>"
+
+    def html(self):
+        """A self-contained HTML snippet: style, a fallback text, and the script that
+        replaces the fallback with the player (so no JavaScript = readable text)."""
+        payload = json.dumps(self.data, separators=(",", ":"))
+        uid = f"ringlab-player-{hashlib.sha1(payload.encode()).hexdigest()[:10]}-{next(_counter)}"
+        # "<" escaped inside the script, so a chunk label or span name containing
+        # "</script>" cannot end the script early.
+        payload = payload.replace("<", "\\u003c")
+        fallback = html.escape(f"Trace player: {self.data['title']}. It needs JavaScript: in Jupyter, "
+                               "trust the notebook and run the cell again.")
+        return (f"<style>{_asset('player.css')}</style>\n"
+                f'<div class="ringlab-player" id="{uid}"><div class="rlp-fallback">{fallback}</div></div>\n'
+                f"<script>\n{_asset('player.js')}\n"
+                f'window.RinglabPlayer.mount(document.getElementById("{uid}"), {payload});\n</script>\n')
+
+    def _repr_html_(self):
+        return self.html()
+
+    def page(self):
+        """A complete HTML document around the player."""
+        title = html.escape(self.data["title"])
+        return ('<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+                '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+                f"<title>{title}</title>\n</head>\n<body>\n{self.html()}</body>\n</html>\n")
+
+    def save(self, path):
+        """Write the standalone page to ``path``; returns the path."""
+        path = Path(path)
+        path.write_text(self.page(), encoding="utf-8")
+        return path
+
+
+def show(trace, **options):
+    """The player for ``trace`` (options: ``layout`` in LAYOUTS, ``title``, ``detail_limit``)."""
+    return TracePlayer(trace, **options)
+
+
+def save_html(trace, path, **options):
+    """Write ``trace``'s player as a standalone ``.html`` page; returns the path."""
+    return TracePlayer(trace, **options).save(path)

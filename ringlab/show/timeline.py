@@ -1,0 +1,189 @@
+"""Timelines: when each message of a trace happens, and a Chrome/Perfetto export.
+
+A trace knows *steps*, not times. A **time model** turns every event into a
+``(start, duration)`` pair in seconds. Two are built in:
+
+- ``StepTime(unit)``: step ``s`` is the window ``[(s - 1) * unit, s * unit]``;
+  every message of step ``s`` fills it. The default (one step = 1 ms).
+- ``AlphaBeta(alpha, beta)``: a step costs ``alpha + beta * bytes`` of the busiest
+  port in it (as in ``ringlab.show.views.alpha_beta_time``); a message starts when its
+  step starts and lasts ``alpha + beta * nbytes``.
+
+Any function ``event -> (start, duration)`` works too, and so does any object
+with a ``times(trace)`` method returning one pair per event (in trace order):
+later chapters plug in simulated times that way.
+
+``to_chrome_trace(trace)`` gives the Trace Event format that Perfetto
+(ui.perfetto.dev, works offline once loaded) and ``chrome://tracing`` open::
+
+    >>> import json, numpy as np, ringlab
+    >>> from ringlab.collectives import ring_allreduce
+    >>> trace = ringlab.run(ring_allreduce, [np.ones(8)] * 4).trace
+    >>> doc = to_chrome_trace(trace, AlphaBeta(alpha=5e-6, beta=1e-9))
+    >>> sum(e["ph"] == "X" and e["cat"] == "send" for e in doc["traceEvents"])
+    24
+    >>> with open("ring.json", "w") as f:       # doctest: +SKIP
+    ...     json.dump(doc, f)                   # then drag ring.json into Perfetto
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from ..cost.alpha_beta import AlphaBeta  # noqa: F401 - a time model too
+from .views import step_bytes
+
+
+class StepTime:
+    """Step ``s`` lasts from ``(s - 1) * unit`` to ``s * unit`` seconds."""
+
+    def __init__(self, unit=1e-3):
+        if not unit > 0:
+            raise ValueError(f"StepTime(unit={unit!r}): unit must be > 0 seconds")
+        self.unit = unit
+
+    def times(self, trace):
+        u = self.unit
+        return [((e.step - 1) * u, u) for e in trace]
+
+    def __repr__(self):
+        return f"StepTime(unit={self.unit!r})"
+
+
+def event_times(trace, time_model=None):
+    """``[(start, duration), ...]``, one pair per event of ``trace`` in order."""
+    model = StepTime() if time_model is None else time_model
+    if hasattr(model, "times"):
+        times = list(model.times(trace))
+    elif callable(model):
+        times = [model(e) for e in trace]
+    else:
+        raise TypeError(f"time_model must be a function event -> (start, duration) or have a "
+                        f"times(trace) method; got {model!r}")
+    if len(times) != len(trace):
+        raise ValueError(f"time model {model!r} gave {len(times)} times for {len(trace)} events")
+    out = []
+    for e, pair in zip(trace, times):
+        try:
+            start, dur = (float(v) for v in pair)
+        except (TypeError, ValueError):
+            raise ValueError(f"time model {model!r} returned {pair!r} for {e.describe()}; "
+                             f"expected (start, duration) in seconds") from None
+        if not (math.isfinite(start) and math.isfinite(dur) and dur >= 0):
+            raise ValueError(f"time model {model!r} returned start={start}, duration={dur} for "
+                             f"{e.describe()}; need finite numbers and duration >= 0")
+        out.append((start, dur))
+    return out
+
+
+def step_ends(trace, times):
+    """``ends[s]``: when everything of steps ``1..s`` is over (``ends[0] = 0``)."""
+    ends = [0.0] * (trace.steps + 1)
+    for e, (start, dur) in zip(trace, times):
+        ends[e.step] = max(ends[e.step], start + dur)
+    for s in range(1, len(ends)):
+        ends[s] = max(ends[s], ends[s - 1])      # "steps 1..s", so never earlier than s - 1
+    return ends
+
+
+def span_times(trace, times):
+    """``[(span, start, end), ...]``: a span covers its rank's steps ``start+1 .. end``,
+    and at least every message that rank sent inside it."""
+    ends = step_ends(trace, times)
+    sends = defaultdict(list)                    # rank -> [(event, start, end)] of its sends
+    for e, (a, d) in zip(trace, times):
+        sends[e.src].append((e, a, a + d))
+    out = []
+    for sp in trace.spans:
+        t0, t1 = ends[min(sp.start, trace.steps)], ends[min(sp.end, trace.steps)]
+        # Its rank's sends inside it: same path (or nested under it) and within its
+        # steps (two calls of one collective have the same path).
+        inner = [(a, b) for e, a, b in sends[sp.rank]
+                 if sp.start < e.step <= sp.end and (e.span + "/").startswith(sp.path + "/")]
+        t0 = min([t0] + [a for a, _ in inner])
+        t1 = max([t1] + [b for _, b in inner])
+        out.append((sp, t0, t1))
+    return out
+
+
+def _lanes(slices):
+    """Give each (start, dur, ...) slice a lane so slices in one lane never overlap
+    (a viewer draws one row per lane; overlapping slices in a row would nest wrongly)."""
+    lane_end, lanes = [], []
+    for i in sorted(range(len(slices)), key=lambda i: (slices[i][0], -slices[i][1])):
+        start, dur = slices[i][0], slices[i][1]
+        k = next((k for k, end in enumerate(lane_end) if end <= start + 1e-12), None)
+        if k is None:
+            k = len(lane_end)
+            lane_end.append(0.0)
+        lane_end[k] = start + dur
+        lanes.append((i, k))
+    return dict(lanes), len(lane_end)
+
+
+def to_chrome_trace(trace, time_model=None, *, flows=True):
+    """The trace in Chrome's Trace Event format: ``{"traceEvents": [...]}``.
+
+    One process per rank (named ``rank r``) with a ``calls`` track for the
+    collective calls (spans), a ``send`` track and a ``recv`` track (extra
+    ``send 2``/``recv 2`` lanes only if a time model makes slices overlap).
+    One complete ("X") slice per send and per receive, with step, chunk, op and
+    bytes as args; ``flows=True`` adds an arrow from each send to its receive.
+    Times are microseconds, as the format wants.
+    """
+    times = event_times(trace, time_model)
+    us = 1e6
+    out, meta = [], []
+    pid = {r: r + 1 for r in range(trace.world_size)}   # pid 0 means "idle" to some viewers
+    per_rank = defaultdict(lambda: {"send": [], "recv": []})
+    for i, (e, (start, dur)) in enumerate(zip(trace, times)):
+        per_rank[e.src]["send"].append((start, dur, i))
+        per_rank[e.dst]["recv"].append((start, dur, i))
+    track = {}                    # (rank, "send"/"recv", event index) -> tid
+    for r in range(trace.world_size):
+        p = pid[r]
+        meta += [_meta("process_name", p, 0, name=f"rank {r}"),
+                 _meta("process_sort_index", p, 0, sort_index=r),
+                 _meta("thread_name", p, p * 1000, name="calls")]
+        tid = p * 1000 + 1
+        for kind in ("send", "recv"):
+            lanes, count = _lanes(per_rank[r][kind])
+            for k in range(count):
+                meta.append(_meta("thread_name", p, tid + k, name=kind if k == 0 else f"{kind} {k + 1}"))
+                meta.append(_meta("thread_sort_index", p, tid + k, sort_index=tid + k))
+            for j, (_, _, i) in enumerate(per_rank[r][kind]):
+                track[r, kind, i] = tid + lanes[j]
+            tid += count
+    for i, (e, (start, dur)) in enumerate(zip(trace, times)):
+        args = {"step": e.step, "src": e.src, "dst": e.dst, "chunk": _jsonable(e.chunk),
+                "op": e.op, "bytes": e.nbytes, "span": e.span, "tag": e.tag}
+        what = "" if e.chunk is None else f" c{e.chunk}"
+        for kind, rank, peer in (("send", e.src, f"→ {e.dst}"), ("recv", e.dst, f"← {e.src}")):
+            out.append({"name": f"{kind}{what} {peer}", "cat": kind, "ph": "X", "ts": start * us,
+                        "dur": dur * us, "pid": pid[rank], "tid": track[rank, kind, i], "args": args})
+        if flows:   # an arrow in the viewer from the send slice to the receive slice
+            common = {"name": "message", "cat": "message", "id": i, "ts": start * us}
+            out.append({**common, "ph": "s", "pid": pid[e.src], "tid": track[e.src, "send", i]})
+            out.append({**common, "ph": "f", "bp": "e", "pid": pid[e.dst], "tid": track[e.dst, "recv", i]})
+    for sp, t0, t1 in span_times(trace, times):
+        out.append({"name": sp.name, "cat": "span", "ph": "X", "ts": t0 * us, "dur": (t1 - t0) * us,
+                    "pid": pid[sp.rank], "tid": pid[sp.rank] * 1000,
+                    "args": {"path": sp.path, "rank": sp.rank, "start_step": sp.start, "end_step": sp.end}})
+    # Per track in time order; at equal times the longer slice first, so that an
+    # enclosing slice (a span) comes before what it encloses, and a flow after its slice.
+    order = {"X": 0, "s": 1, "f": 1}
+    out.sort(key=lambda ev: (ev["pid"], ev["tid"], ev["ts"], order[ev["ph"]], -ev.get("dur", 0)))
+    return {"traceEvents": meta + out, "displayTimeUnit": "ms",
+            "otherData": {"world_size": trace.world_size, "steps": trace.steps,
+                          "time_model": repr(time_model or StepTime())}}
+
+
+def _meta(what, pid, tid, **args):
+    return {"name": what, "ph": "M", "ts": 0, "pid": pid, "tid": tid, "args": args}
+
+
+def _jsonable(chunk):
+    if hasattr(chunk, "item"):          # a numpy integer used as a chunk label
+        chunk = chunk.item()
+    return chunk if chunk is None or isinstance(chunk, (int, float, str, bool)) else repr(chunk)

@@ -1,0 +1,480 @@
+"""The simulated world: N ranks running one SPMD program, one message at a time.
+
+How ranks run. Every rank's program (and every ``comm.start`` work) is a
+greenlet, a cooperative coroutine, in one OS thread: an *actor*. An actor
+runs until it must wait, then hands control to the scheduler, which resumes
+the waiting-free actor that is furthest behind in simulated time (then in
+steps, then lowest rank). So learner code stays plain blocking calls, every
+run is reproducible, and a deadlock is simply "no actor can run".
+
+Two clocks per actor:
+
+* ``clock``, in **steps** of the one-port model: a rank sends at most one and
+  receives at most one message per step (Bar-Noy and Kipnis 1994; Chan et
+  al. 2007). A message gets the first step after its sender's clock in which
+  the sender's send port and the receiver's receive port are both free;
+  receiving it moves the receiver's clock there. Ports are booked first come,
+  first served, in simulated-time order.
+* ``time``, in simulated **seconds**: ``comm.compute`` adds to it, and with a
+  ``network=`` model every message takes time on the ports (see
+  ``ringlab.cost.alpha_beta``). A blocking send returns when its message has
+  left; a receive when it has arrived.
+
+Processing in time order is what makes "first come" mean what it says: an
+actor about to book a port first lets every actor that is behind it run.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+from collections import defaultdict, deque
+
+import greenlet
+import numpy as np
+
+from ..comm import Comm, Group, mismatch, dtype_name
+from ..errors import CommError, Wait
+from ..trace import Compute, Event, Span
+
+MODES = ("buffered", "rendezvous")
+WORLD = 0        # the whole world's group id
+
+
+class Actor:
+    """A rank's program (stream 0) or one of its works (stream 1)."""
+
+    __slots__ = ("rank", "stream", "glet", "clock", "time", "waiting", "finished", "result",
+                 "spans", "span_path", "comm")
+
+    def __init__(self, rank, stream=0, clock=0, time=0.0):
+        self.rank, self.stream, self.glet, self.clock, self.time = rank, stream, None, clock, time
+        self.waiting, self.finished, self.result = None, False, None
+        self.spans, self.span_path, self.comm = [], "", None
+
+    def key(self):
+        return (self.time, self.clock, self.rank, self.stream)
+
+
+class Request:
+    """A pending ``isend`` or ``irecv``. Call ``wait()`` to complete it;
+    for a receive, ``wait()`` returns the array."""
+
+    __slots__ = ("_world", "kind", "owner", "comm", "peer", "tag", "done", "payload", "step",
+                 "end", "error", "expect", "out", "event", "posted")
+
+    def __init__(self, world, kind, comm, peer, tag):
+        self._world, self.kind, self.comm, self.owner = world, kind, comm, comm._me
+        self.peer, self.tag = peer, tag
+        self.done, self.payload, self.step, self.end, self.error = False, None, 0, 0.0, None
+        self.expect = self.out = self.event = None
+        self.posted = self.owner.time
+
+    def wait(self):
+        return self._world._wait(self)
+
+    def is_completed(self):
+        """True once complete. A poll that says False lets the other ranks run
+        first (as ``MPI_Test`` makes progress), so a polling loop cannot starve them."""
+        if not self.done:
+            self._world._poll(self.owner)
+        return self.done
+
+    def describe(self):
+        comm, tag = self.comm, f", tag={self.tag}" if self.tag else ""
+        where = "" if comm.group.label is None else f" in group {comm.group.label!r}"
+        peer = comm._index[self.peer]
+        if self.kind == "recv":
+            return f"recv(src={peer}{tag}){where}"
+        return (f"send(dst={peer}{tag}){where} of step {self.step}, waiting for rank {peer} "
+                f"to post a matching recv")
+
+
+class Work:
+    """What ``comm.start`` returns: ``wait()`` gives the function's result."""
+
+    def __init__(self, world, actor, name):
+        self._world, self.actor, self.name = world, actor, name
+        self.done, self.result, self.waiters = False, None, []
+
+    def wait(self):
+        return self._world._wait_work(self)
+
+    def is_completed(self):
+        if not self.done:
+            self._world._poll(self._world.current)
+        return self.done
+
+    def describe(self):
+        return f"work.wait() for {self.name} on the communication stream"
+
+
+class _Agreement:
+    """A barrier or a split in progress: who has arrived, with what."""
+
+    def __init__(self, group, what):
+        self.group, self.what = group, what
+        self.values, self.arrived, self.waiters = [None] * group.size, set(), []
+        self.clock, self.time, self.done = 0, 0.0, False
+
+    def describe(self):
+        missing = [r for r in range(self.group.size) if r not in self.arrived]
+        where = "" if self.group.label is None else f" of group {self.group.label!r}"
+        return f"{self.what}(){where}, which ranks {missing} have not called"
+
+
+class _AnyRecv:
+    def __init__(self, comm, tag):
+        self.comm, self.tag, self.src, self.payload, self.step, self.end = comm, tag, None, None, 0, 0.0
+
+    def describe(self):
+        tag = f"tag={self.tag}" if self.tag else ""
+        return f"recv_any({tag})"
+
+
+class _Channel:
+    __slots__ = ("messages", "receives", "sent")
+
+    def __init__(self):
+        self.messages = deque()   # sent, not yet matched: (event index, payload, send request)
+        self.receives = deque()   # posted receives, not yet matched
+        self.sent = 0
+
+
+class World:
+    def __init__(self, world_size, mode, record_payloads, network):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.world_size, self.mode = world_size, mode
+        self.rendezvous = mode == "rendezvous"
+        self.network, self.ports = network, None if network is None else network.ports(world_size)
+        self.send_step = [0] * world_size     # the last step each rank's send port carried
+        self.recv_step = [0] * world_size     # and its receive port
+        self.groups = {(): Group(tuple(range(world_size)), None, WORLD)}
+        self.labels, self.asked = {None}, {}
+        self.group_calls = defaultdict(int)   # (rank, parent gid) -> new_group calls so far
+        self.agreements, self.agree_calls = {}, defaultdict(int)
+        self.actors = [Actor(r) for r in range(world_size)]
+        self.streams = {}                     # (gid, rank) -> the last Work started there
+        self.works = []
+        self.channels = defaultdict(_Channel)  # (gid, stream, src, dst, tag) -> _Channel
+        self.events, self.computes = [], []
+        self.payloads = {} if record_payloads else None
+        self.heap, self.pushes = [], 0
+        self.any_waiters = []
+        self.current = None
+        self.failure = None
+        self.aborting = False
+
+    @property
+    def world_group(self):
+        return self.groups[()]
+
+    # -- the scheduler --------------------------------------------------------------
+    def _push(self, actor):
+        self.pushes += 1
+        heapq.heappush(self.heap, (actor.time, actor.clock, actor.rank, actor.stream, self.pushes, actor))
+
+    def _yield(self):
+        # Give control back to the scheduler until someone wakes us.
+        self.hub.switch()
+        if self.aborting:
+            raise greenlet.GreenletExit
+
+    def _block(self, me, on):
+        me.waiting = on
+        while me.waiting is on:
+            self._yield()
+
+    def _sync(self, me):
+        """Let every actor that is behind ``me`` run first: what ``me`` does next
+        books a port, and ports serve in time order."""
+        heap = self.heap
+        if heap and heap[0][:4] < (me.time, me.clock, me.rank, me.stream):
+            self._push(me)
+            self._yield()
+
+    def _poll(self, me):
+        """A poll that found nothing: let the actor furthest behind run first
+        (time passes while one polls), so a polling loop cannot starve the others."""
+        if self.heap:
+            top = self.heap[0]
+            me.time, me.clock = max(me.time, top[0]), max(me.clock, top[1])
+            self.pushes += 1           # queued right behind the top entry
+            heapq.heappush(self.heap, (*top[:4], self.pushes, me))
+        else:
+            self._push(me)
+        self._yield()
+
+    def _wake(self, actor, clock, time):
+        actor.waiting = None
+        actor.clock, actor.time = max(actor.clock, clock), max(actor.time, time)
+        self._push(actor)
+
+    def _main(self, me, program, comm, x, args, kwargs):
+        try:
+            me.result = program(comm, x, *args, **kwargs)
+            me.finished = True
+        except greenlet.GreenletExit:
+            raise
+        except BaseException as e:  # noqa: BLE001 - reported with the rank's traceback
+            self.failure = self.failure or ("error", me, e)
+
+    def run(self, program, inputs, args, kwargs):
+        self.hub = greenlet.getcurrent()
+        for me in self.actors:
+            me.comm = Comm(self, me, self.world_group)
+            me.glet = greenlet.greenlet(
+                functools.partial(self._main, me, program, me.comm, inputs[me.rank], args, kwargs),
+                parent=self.hub)
+            self._push(me)
+        heap = self.heap
+        while self.failure is None:
+            if self.any_waiters and self._resolve_any():
+                continue
+            if not heap:
+                break
+            me = heapq.heappop(heap)[-1]
+            self.current = me
+            me.glet.switch()
+            self.current = None
+
+    def all_actors(self):
+        return self.actors + [w.actor for w in self.works]
+
+    def kill_unfinished(self):
+        self.aborting = True
+        for me in self.all_actors():
+            if me.glet:     # a greenlet is true while started and not yet finished
+                try:
+                    me.glet.throw(greenlet.GreenletExit)
+                except BaseException:  # noqa: BLE001 - a dying rank cannot report anything more
+                    pass
+
+    # -- point to point -------------------------------------------------------------
+    def _isend(self, comm, array, dst, chunk, op, tag):
+        me = comm._me
+        self._sync(me)
+        payload = np.array(array, copy=True)   # buffered: later changes do not travel
+        src = me.rank
+        step = max(me.clock, self.send_step[src], self.recv_step[dst]) + 1
+        self.send_step[src] = self.recv_step[dst] = me.clock = step
+        gid, stream = comm.group.gid, comm._stream
+        ch = self.channels[(gid, stream, src, dst, tag)]
+        start = end = None
+        if self.ports is not None and not self.rendezvous:
+            start, end = self.ports.transfer(src, dst, payload.nbytes, me.time)
+        ev = Event(step, src, dst, chunk, op, payload.nbytes, me.span_path, tag, payload.shape,
+                   dtype_name(payload.dtype), ch.sent, comm.group.label, stream, start, end)
+        ch.sent += 1
+        self.events.append(ev)
+        if self.payloads is not None:
+            self.payloads[(ev.group, stream, src, dst, tag, ev.seq)] = payload
+        req = Request(self, "send", comm, dst, tag)
+        req.event, req.step = ev, step
+        req.end = me.time if end is None else end
+        req.done = not self.rendezvous
+        if ch.receives:
+            self._match(len(self.events) - 1, payload, req, ch.receives.popleft())
+        else:
+            ch.messages.append((len(self.events) - 1, payload, req))
+        return req
+
+    def _irecv(self, comm, src, expect, out, tag):
+        me = comm._me
+        if self.rendezvous and self.ports is not None:
+            self._sync(me)
+        req = Request(self, "recv", comm, src, tag)
+        req.out, req.expect = out, expect
+        ch = self.channels[(comm.group.gid, comm._stream, src, me.rank, tag)]
+        if ch.messages:
+            self._match(*ch.messages.popleft(), req)
+        else:
+            ch.receives.append(req)
+        return req
+
+    def _match(self, index, payload, send_req, recv_req):
+        ev = self.events[index]
+        if self.rendezvous:
+            end = max(send_req.posted, recv_req.posted)
+            if self.ports is not None:
+                start, end = self.ports.transfer(ev.src, ev.dst, ev.nbytes, end)
+                ev = self.events[index] = ev._replace(start=start, end=end)
+            send_req.end = end
+            send_req.done = True
+            if send_req.owner.waiting is send_req:
+                self._wake(send_req.owner, ev.step, end)
+        comm = recv_req.comm
+        error = mismatch(comm.rank, comm._index[ev.src], ev.step, recv_req.expect,
+                         tuple(payload.shape), payload.dtype, ev.chunk)
+        if error is not None:
+            recv_req.error = error
+        elif recv_req.out is not None:
+            recv_req.out[...] = payload
+            payload = recv_req.out
+        recv_req.payload, recv_req.step, recv_req.event = payload, ev.step, ev
+        recv_req.end = send_req.end
+        recv_req.done = True
+        if recv_req.owner.waiting is recv_req:
+            self._wake(recv_req.owner, ev.step, recv_req.end)
+
+    def _wait(self, req):
+        me = req.owner
+        if self.current is not me:
+            who = self.current.rank if self.current else "?"
+            raise CommError(f"rank {who} waited on a request of rank {me.rank}; each rank may "
+                            f"only wait on its own requests")
+        if not req.done:
+            self._block(me, req)
+        me.clock, me.time = max(me.clock, req.step), max(me.time, req.end)
+        if req.kind == "recv":
+            if req.error is not None:
+                err, req.error = req.error, None
+                raise err
+            return req.payload
+        return None
+
+    # -- receive from anyone --------------------------------------------------------------
+    def _recv_any(self, comm, tag):
+        me = comm._me
+        waiter = _AnyRecv(comm, tag)
+        self.any_waiters.append(waiter)
+        self._block(me, waiter)
+        return waiter.src, waiter.payload
+
+    def _resolve_any(self):
+        """Give the earliest message to a waiting ``recv_any`` once no runnable
+        actor could still send an earlier one. True if one was given."""
+        best = None
+        for waiter in self.any_waiters:
+            comm, me = waiter.comm, waiter.comm._me
+            for src in comm.group.ranks:
+                ch = self.channels.get((comm.group.gid, comm._stream, src, me.rank, waiter.tag))
+                if ch is not None and ch.messages:
+                    index, _, send_req = ch.messages[0]
+                    ev = self.events[index]
+                    key = (send_req.end, ev.step, src, me.rank)
+                    if best is None or key < best[0]:
+                        best = (key, waiter, ch)
+        if best is None:
+            return False
+        (arrival, step, _, _), waiter, ch = best
+        # Any message still to come is posted by a runnable actor, at or after its
+        # time and in a step after its clock: the top of the heap bounds them all.
+        if self.heap and (arrival, step) > (self.heap[0][0], self.heap[0][1]):
+            return False
+        self.any_waiters.remove(waiter)
+        comm = waiter.comm
+        req = Request(self, "recv", comm, ch.messages[0][2].owner.rank, waiter.tag)
+        req.expect = (None, None)
+        self._match(*ch.messages.popleft(), req)
+        waiter.src, waiter.payload = req.peer, req.payload
+        self._wake(comm._me, req.step, req.end)
+        return True
+
+    # -- time -----------------------------------------------------------------------------
+    def _compute(self, comm, seconds, label, meta):
+        me = comm._me
+        self.computes.append(Compute(me.rank, label, me.time, me.time + seconds, me.clock,
+                                     me.stream, tuple(sorted(meta.items()))))
+        me.time += seconds
+
+    def _span(self, me, path, start, t_start, group):
+        return Span(me.rank, path, start, me.clock, group, me.stream, t_start, me.time)
+
+    def _start(self, comm, fn, args, kwargs):
+        me = comm._me
+        actor = Actor(me.rank, 1, me.clock, me.time)
+        actor.comm = Comm(self, actor, comm.group, stream=1)
+        name = getattr(fn, "__name__", "work")
+        work = Work(self, actor, name)
+        prev = self.streams.get((comm.group.gid, me.rank))
+        self.streams[(comm.group.gid, me.rank)] = work
+        actor.glet = greenlet.greenlet(
+            functools.partial(self._work_main, actor, work, prev, fn, args, kwargs), parent=self.hub)
+        self.works.append(work)
+        self._push(actor)
+        return work
+
+    def _work_main(self, actor, work, prev, fn, args, kwargs):
+        try:
+            if prev is not None:           # works on one stream run in order
+                self._wait_work(prev, actor)
+            work.result = fn(actor.comm, *args, **kwargs)
+            work.done = actor.finished = True
+            for waiter in work.waiters:
+                if waiter.waiting is work:
+                    self._wake(waiter, actor.clock, actor.time)
+        except greenlet.GreenletExit:
+            raise
+        except BaseException as e:  # noqa: BLE001
+            self.failure = self.failure or ("error", actor, e)
+
+    def _wait_work(self, work, me=None):
+        me = me or self.current
+        if not work.done:
+            work.waiters.append(me)
+            self._block(me, work)
+        me.clock, me.time = max(me.clock, work.actor.clock), max(me.time, work.actor.time)
+        return work.result
+
+    # -- groups ------------------------------------------------------------------------------
+    def _new_group(self, comm, ranks, name):
+        me = comm._me
+        k = self.group_calls[(me.rank, comm.group.gid)]
+        self.group_calls[(me.rank, comm.group.gid)] = k + 1
+        key = (comm.group.gid, k)
+        group = self.groups.get(key)
+        if group is None:
+            label = name if name is not None else ranks
+            if label in self.labels:
+                label = f"{label}#{sum(1 for g in self.groups.values() if g.ranks == ranks) + 1}"
+            self.labels.add(label)
+            group = self.groups[key] = Group(ranks, label, len(self.groups))
+            self.asked[key] = (ranks, name, me.rank)
+        elif self.asked[key][:2] != (ranks, name):
+            asked, asked_name, other = self.asked[key]
+            raise CommError(f"rank {comm.rank}: its new_group call #{k + 1} asks for ranks "
+                            f"{list(ranks)} (name {name!r}) but rank {comm._index.get(other, other)} "
+                            f"asked for ranks {list(asked)} (name {asked_name!r}): "
+                            f"every rank must create the same groups in the same order")
+        return group
+
+    def _agree(self, comm, value, what):
+        me = comm._me
+        k = self.agree_calls[(me.rank, comm.group.gid)]
+        self.agree_calls[(me.rank, comm.group.gid)] = k + 1
+        ag = self.agreements.setdefault((comm.group.gid, k), _Agreement(comm.group, what))
+        if ag.what != what:
+            raise CommError(f"rank {comm.rank}: called {what}() while other ranks of its group "
+                            f"called {ag.what}(): every rank must make the same calls in the same order")
+        ag.values[comm.rank] = value
+        ag.arrived.add(comm.rank)
+        ag.clock, ag.time = max(ag.clock, me.clock), max(ag.time, me.time)
+        if len(ag.arrived) == comm.group.size:
+            ag.done = True
+            for waiter in ag.waiters:
+                self._wake(waiter, ag.clock, ag.time)
+            me.clock, me.time = ag.clock, ag.time
+        else:
+            ag.waiters.append(me)
+            self._block(me, ag)
+        return list(ag.values)
+
+    # -- after the run -----------------------------------------------------------------------
+    def waits(self):
+        """``{rank: Wait}`` for every rank with an actor that cannot go on."""
+        out = {}
+        for me in self.all_actors():
+            if me.finished or me.rank in out or me.waiting is None:
+                continue
+            w = me.waiting
+            kind = w.kind if isinstance(w, Request) else {Work: "work", _AnyRecv: "recv_any"}.get(
+                type(w), getattr(w, "what", "?"))
+            peer = w.peer if isinstance(w, Request) else None
+            stream = " (on the communication stream)" if me.stream else ""
+            out[me.rank] = Wait(kind, peer, f"waits in {w.describe()}{stream} (its clock: step {me.clock})")
+        return out
+
+    def unreceived(self):
+        return [self.events[i] for ch in self.channels.values() for i, _, _ in ch.messages]
