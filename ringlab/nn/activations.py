@@ -36,7 +36,8 @@ class GeLU(Module):
     def forward(self, x):
         self.x = x
         if self.approximate == "tanh":
-            self.t = np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3))
+            # x * x * x, not x**3: numpy's pow is several times slower than two multiplies.
+            self.t = np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * (x * x * x)))
             return 0.5 * x * (1 + self.t)
         self.cdf = 0.5 * (1 + _erf(x / math.sqrt(2)).astype(x.dtype))
         return x * self.cdf
@@ -45,7 +46,7 @@ class GeLU(Module):
         x = self.x
         if self.approximate == "tanh":
             # d/dx of 0.5 x (1 + tanh(u)), with u = c (x + 0.044715 x^3).
-            du = _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x**2)
-            return dy * (0.5 * (1 + self.t) + 0.5 * x * (1 - self.t**2) * du)
+            du = _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * (x * x))
+            return dy * (0.5 * (1 + self.t) + 0.5 * x * (1 - self.t * self.t) * du)
         pdf = np.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)
         return dy * (self.cdf + x * pdf)         # d/dx of x Phi(x)
