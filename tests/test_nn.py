@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ringlab.nn import (GPT, MLP, SGD, Adam, CausalSelfAttention, Embedding, FlatBuffer, GeLU,
-                        LayerNorm, Linear, Sequential, TransformerBlock, count_params,
+                        LayerNorm, Linear, TransformerBlock, count_params,
                         cross_entropy, flatten, mlp_model, mse, param_bytes)
 from ringlab.nn.data import ArithmeticTokens, Blobs, TeacherRegression
 
@@ -153,6 +153,29 @@ def test_mse_and_cross_entropy_match_torch():
     tloss = F.cross_entropy(tbig, torch.tensor([0, 1, 2, 3, 0]))
     tloss.backward()
     assert abs(loss - tloss.item()) <= TOL * tloss.item() and rel(dlogits, tbig.grad) <= TOL
+
+
+def test_attention_heads_split_across_ranks_sum_to_the_whole():
+    """Tensor parallelism's premise: heads are independent until the projection."""
+    dim, n_heads, ranks = 8, 4, 2
+    full, x = CausalSelfAttention(dim, n_heads, rng()), x_of(2, 5, dim)
+    width = dim // ranks                                  # q (or k, v) columns per rank
+    total = 0
+    for r in range(ranks):
+        # Rank r's heads: column block r of each of the q, k and v parts of qkv.
+        cols = np.concatenate([np.arange(part * dim + r * width, part * dim + (r + 1) * width)
+                               for part in range(3)])
+        local = CausalSelfAttention(dim, n_heads, rng())
+        local.qkv = Linear(dim, 3 * width, rng())
+        local.proj = Linear(width, dim, rng(), bias=(r == 0))   # add the bias only once
+        local.qkv.params["weight"][:] = full.qkv.params["weight"][:, cols]
+        local.qkv.params["bias"][:] = full.qkv.params["bias"][cols]
+        local.proj.params["weight"][:] = full.proj.params["weight"][r * width:(r + 1) * width]
+        if r == 0:
+            local.proj.params["bias"][:] = full.proj.params["bias"]
+        total = total + local.forward(x)
+        assert local.flops(x.shape) * ranks == full.flops(x.shape)
+    assert rel(total, full.forward(x)) <= 1e-14
 
 
 # --- finite differences ---------------------------------------------------------------------
@@ -352,7 +375,7 @@ def test_gpt_learns_arithmetic_tokens_deterministically():
 
 def train_mlp(seed, steps=150):
     data = Blobs(n_samples=512, dim=8, n_classes=4, seed=seed)
-    model = Sequential(*mlp_model([8, 32, 4], rng(seed)).layers)
+    model = mlp_model([8, 32, 4], rng(seed))
     opt = SGD(model.named_parameters(), lr=0.1, momentum=0.9)
     losses = []
     for _, (x, y) in zip(range(steps), data.batches(32, seed=seed)):

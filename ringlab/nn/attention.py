@@ -79,6 +79,8 @@ class CausalSelfAttention(Module):
         return self.qkv.backward(dqkv)
 
     def flops(self, x_shape):
-        B, T, dim = x_shape
-        # q k^T and probs @ v: two (T x hd) @ (hd x T)-sized matmuls per head.
-        return self.qkv.flops(x_shape) + 2 * 2 * B * T * T * dim + self.proj.flops(x_shape)
+        B, T, _ = x_shape
+        width = self.qkv.out_features // 3          # H * hd: all heads this module holds
+        # q k^T and probs @ v: per head, two matmuls of 2 * T * T * hd FLOPs each.
+        return (self.qkv.flops(x_shape) + 2 * 2 * B * T * T * width
+                + self.proj.flops((B, T, width)))

@@ -64,6 +64,9 @@ class GPT(Module):
         self.head = Linear(dim, vocab, rng, bias=False, dtype=dtype)
 
     def forward(self, ids):
+        if ids.shape[1] > len(self.pos_emb.params["weight"]):
+            raise ValueError(f"{ids.shape[1]} tokens, but the model has only "
+                             f"{len(self.pos_emb.params['weight'])} positions (seq_len)")
         positions = np.arange(ids.shape[1])
         x = self.tok_emb.forward(ids) + self.pos_emb.forward(positions)  # broadcast over batch
         return self.head.forward(self.ln_f.forward(self.blocks.forward(x)))

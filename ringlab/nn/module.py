@@ -7,8 +7,9 @@ gradients into ``grads`` -- as torch does, so two backward passes without
 (and later micro-batching in pipeline parallelism) works.
 
 A module holds its own tensors in ``params`` / ``grads`` (same keys, same
-shapes) and its sub-modules as attributes. ``named_parameters()`` walks the
-tree and joins names with dots, in registration order:
+shapes) and its sub-modules as attributes; a composite such as GPT has empty
+``params`` of its own. ``named_parameters()`` walks the whole tree and joins
+names with dots, in registration order (the order the attributes were set):
 
     >>> import numpy as np
     >>> from ringlab.nn import Linear, GeLU, Sequential
@@ -110,7 +111,7 @@ class Sequential(Module):
         super().__init__()
         self.layers = list(modules)
         for i, m in enumerate(modules):
-            setattr(self, str(i), m)
+            setattr(self, str(i), m)       # registers child "0", "1", ... (see __setattr__)
 
     def forward(self, x):
         for m in self.layers:
