@@ -291,8 +291,10 @@ def test_adam_matches_torch(weight_decay):
         lambda p: Adam(p, lr=0.01, weight_decay=weight_decay),
         lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=weight_decay, foreach=False))
     assert opt.state["a"]["step"] == 5 and opt.state["b"]["m"].shape == (5,)
-    # torch's defaults, which ours copies.
-    assert Adam({}).betas == (0.9, 0.999) and Adam({}).eps == 1e-8 and Adam({}).lr == 1e-3
+    defaults = Adam(np.zeros(1))                         # torch's defaults, which ours copies
+    assert (defaults.lr, defaults.betas, defaults.eps) == (1e-3, (0.9, 0.999), 1e-8)
+    with pytest.raises(ValueError, match="named_parameters"):
+        Adam(GPT(5, 4, 2, 8, 1, 3, rng()).params)         # a composite's own params: empty
 
 
 def test_adam_on_a_shard_equals_adam_on_the_whole():
@@ -346,6 +348,8 @@ def test_rebind_puts_model_inside_a_flat_buffer():
     assert not np.array_equal(model.forward(x), before)  # ...is a step of the model
     with pytest.raises(ValueError):
         model.rebind(params={"0.weight": np.zeros(3)})
+    with pytest.raises(ValueError):
+        model.rebind(params={"0.weight": np.zeros((3, 4), np.float32)})
 
 
 # --- training and determinism ---------------------------------------------------------------

@@ -96,8 +96,9 @@ class Module:
             for name, array in (table or {}).items():
                 module, key = owners[name]
                 old = getattr(module, attr)[key]
-                if array.shape != old.shape:
-                    raise ValueError(f"{name}: shape {array.shape}, expected {old.shape}")
+                if (array.shape, array.dtype) != (old.shape, old.dtype):
+                    raise ValueError(f"{name}: {array.dtype}{array.shape}, "
+                                     f"expected {old.dtype}{old.shape}")
                 getattr(module, attr)[key] = array
 
 

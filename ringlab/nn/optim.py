@@ -29,11 +29,18 @@ def _named(arrays):
     return {"param": arrays} if isinstance(arrays, np.ndarray) else dict(arrays)
 
 
+def _named_params(params):
+    named = _named(params)
+    if not named:   # e.g. GPT().params: a composite's own dict is empty
+        raise ValueError("no parameters to optimize; pass model.named_parameters()")
+    return named
+
+
 class SGD:
     """p -= lr * g, with optional heavy-ball momentum and L2 weight decay (torch's)."""
 
     def __init__(self, params, lr, momentum=0.0, weight_decay=0.0):
-        self.params = _named(params)
+        self.params = _named_params(params)
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.state = {name: {} for name in self.params}   # "momentum_buffer" once used
 
@@ -63,7 +70,7 @@ class Adam:
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-        self.params = _named(params)
+        self.params = _named_params(params)
         self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
         self.state = {name: {"step": 0, "m": np.zeros_like(p), "v": np.zeros_like(p)}
                       for name, p in self.params.items()}
