@@ -122,9 +122,10 @@ class Comm:
 
     def irecv(self, src, *, out=None, shape=None, dtype=None, tag=0):
         """Post a receive; ``request.wait()`` returns the array."""
-        src = self._peer(src, "recv", "src")
-        return self._world._irecv(self, src, expect(self.rank, self._index[src], out, shape, dtype),
-                                  out, tag)
+        gsrc = self._peer(src, "recv", "src")
+        expected = ANY if out is None and shape is None and dtype is None else expect(
+            self.rank, src, out, shape, dtype)
+        return self._world._irecv(self, gsrc, expected, out, tag)
 
     def recv_any(self, *, tag=0):
         """Receive the first message to arrive from any rank of the group:
@@ -264,6 +265,8 @@ def payload_key(event):
 
 # -- checks shared by every backend -------------------------------------------------------
 
+ANY = (None, None)      # a receive that expects any shape and dtype
+
 def expect(rank, src, out, shape, dtype):
     """A receive's expectation ``(shape or None, dtype or None)``, checked."""
     if out is not None:
@@ -280,6 +283,8 @@ def mismatch(rank, src, step, expected, shape, dtype, chunk):
     ``step`` by ``src``) that is not what ``rank``'s receive ``expected``;
     None if it fits."""
     want_shape, want_dtype = expected
+    if expected is ANY:
+        return None
     if (want_shape is not None and shape != want_shape) or (want_dtype is not None and dtype != want_dtype):
         want = f"shape {want_shape if want_shape is not None else 'any'} {want_dtype if want_dtype is not None else ''}".strip()
         return CommError(

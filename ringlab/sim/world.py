@@ -33,7 +33,7 @@ from collections import defaultdict, deque
 import greenlet
 import numpy as np
 
-from ..comm import Comm, Group, mismatch, dtype_name
+from ..comm import ANY, Comm, Group, mismatch, dtype_name
 from ..errors import CommError, Wait
 from ..trace import Compute, Event, Span
 
@@ -63,11 +63,10 @@ class Request:
     __slots__ = ("_world", "kind", "owner", "comm", "peer", "tag", "done", "payload", "step",
                  "end", "error", "expect", "out", "event", "posted")
 
-    def __init__(self, world, kind, comm, peer, tag):
+    def __init__(self, world, kind, comm, peer, tag, done=False, step=0, end=0.0):
         self._world, self.kind, self.comm, self.owner = world, kind, comm, comm._me
-        self.peer, self.tag = peer, tag
-        self.done, self.payload, self.step, self.end, self.error = False, None, 0, 0.0, None
-        self.expect = self.out = self.event = None
+        self.peer, self.tag, self.done, self.step, self.end = peer, tag, done, step, end
+        self.payload = self.error = self.expect = self.out = self.event = None
         self.posted = self.owner.time
 
     def wait(self):
@@ -171,13 +170,28 @@ class World:
         return self.groups[()]
 
     # -- the scheduler --------------------------------------------------------------
+    # Heap entries: (time, order, push count, actor), with order = the step
+    # clock, then rank, then stream folded into one int: cheap to compare.
+    def _order(self, actor):
+        return (actor.clock * self.world_size + actor.rank) * 2 + actor.stream
+
     def _push(self, actor):
         self.pushes += 1
-        heapq.heappush(self.heap, (actor.time, actor.clock, actor.rank, actor.stream, self.pushes, actor))
+        heapq.heappush(self.heap, (actor.time, self._order(actor), self.pushes, actor))
 
     def _yield(self):
-        # Give control back to the scheduler until someone wakes us.
-        self.hub.switch()
+        """Hand control on until someone wakes us: straight to the next actor
+        (one greenlet switch instead of two), or to the scheduler's loop when
+        it has more to decide (a recv_any, or nothing left to run)."""
+        heap = self.heap
+        # Only to an actor already started: one started from here would nest in
+        # our stack (greenlet counts its recursion depth from ours).
+        if heap and heap[0][-1].glet and not self.any_waiters:
+            nxt = heapq.heappop(heap)[-1]
+            self.current = nxt
+            nxt.glet.switch()
+        else:
+            self.hub.switch()
         if self.aborting:
             raise greenlet.GreenletExit
 
@@ -190,18 +204,31 @@ class World:
         """Let every actor that is behind ``me`` run first: what ``me`` does next
         books a port, and ports serve in time order."""
         heap = self.heap
-        if heap and heap[0][:4] < (me.time, me.clock, me.rank, me.stream):
-            self._push(me)
-            self._yield()
+        if not heap:
+            return
+        top, order = heap[0], self._order(me)
+        if top[0] < me.time or top[0] == me.time and top[1] < order:
+            if top[-1].glet and not self.any_waiters:
+                # Swap places with the top in one heap operation and run it directly.
+                self.pushes += 1
+                nxt = heapq.heapreplace(heap, (me.time, order, self.pushes, me))[-1]
+                self.current = nxt
+                nxt.glet.switch()
+                if self.aborting:
+                    raise greenlet.GreenletExit
+            else:
+                self._push(me)
+                self._yield()
 
     def _poll(self, me):
         """A poll that found nothing: let the actor furthest behind run first
         (time passes while one polls), so a polling loop cannot starve the others."""
         if self.heap:
-            top = self.heap[0]
-            me.time, me.clock = max(me.time, top[0]), max(me.clock, top[1])
+            time, order = self.heap[0][:2]
+            me.time = max(me.time, time)
+            me.clock = max(me.clock, order // (2 * self.world_size))
             self.pushes += 1           # queued right behind the top entry
-            heapq.heappush(self.heap, (*top[:4], self.pushes, me))
+            heapq.heappush(self.heap, (time, order, self.pushes, me))
         else:
             self._push(me)
         self._yield()
@@ -270,10 +297,9 @@ class World:
         self.events.append(ev)
         if self.payloads is not None:
             self.payloads[(ev.group, stream, src, dst, tag, ev.seq)] = payload
-        req = Request(self, "send", comm, dst, tag)
-        req.event, req.step = ev, step
-        req.end = me.time if end is None else end
-        req.done = not self.rendezvous
+        req = Request(self, "send", comm, dst, tag, not self.rendezvous, step,
+                      me.time if end is None else end)
+        req.event = ev
         if ch.receives:
             self._match(len(self.events) - 1, payload, req, ch.receives.popleft())
         else:
@@ -305,8 +331,9 @@ class World:
             if send_req.owner.waiting is send_req:
                 self._wake(send_req.owner, ev.step, end)
         comm = recv_req.comm
-        error = mismatch(comm.rank, comm._index[ev.src], ev.step, recv_req.expect,
-                         tuple(payload.shape), payload.dtype, ev.chunk)
+        error = None if recv_req.expect is ANY else mismatch(
+            comm.rank, comm._index[ev.src], ev.step, recv_req.expect, tuple(payload.shape),
+            payload.dtype, ev.chunk)
         if error is not None:
             recv_req.error = error
         elif recv_req.out is not None:
@@ -361,12 +388,12 @@ class World:
         (arrival, step, _, _), waiter, ch = best
         # Any message still to come is posted by a runnable actor, at or after its
         # time and in a step after its clock: the top of the heap bounds them all.
-        if self.heap and (arrival, step) > (self.heap[0][0], self.heap[0][1]):
+        if self.heap and (arrival, step) > (self.heap[0][0], self.heap[0][1] // (2 * self.world_size)):
             return False
         self.any_waiters.remove(waiter)
         comm = waiter.comm
         req = Request(self, "recv", comm, ch.messages[0][2].owner.rank, waiter.tag)
-        req.expect = (None, None)
+        req.expect = ANY
         self._match(*ch.messages.popleft(), req)
         waiter.src, waiter.payload = req.peer, req.payload
         self._wake(comm._me, req.step, req.end)
