@@ -38,6 +38,8 @@ lab: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/ring_allreduce.py
+	$(BIN)/python bench/sim_overhead.py
+	$(BIN)/python bench/nn_vs_torch.py
 	$(BIN)/python bench/torch_allreduce.py
 
 clean:
