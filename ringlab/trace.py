@@ -90,6 +90,11 @@ def _order(e: Event):
     return (e.step, e.src, e.dst, e.tag, _label_key(e.group), e.stream, e.seq)
 
 
+def _replace_rank(span, rank):
+    from dataclasses import replace
+    return replace(span, rank=rank)
+
+
 def _label_key(group):
     return "" if group is None else repr(group)
 
@@ -137,8 +142,9 @@ class Compute(NamedTuple):
 class Trace:
     """The events of one run, in canonical order. Iterable, indexable, comparable."""
 
-    def __init__(self, events, world_size, spans=(), unreceived=(), computes=()):
+    def __init__(self, events, world_size, spans=(), unreceived=(), computes=(), groups=None):
         self.events = sorted(events, key=_order)
+        self.group_ranks = dict(groups or {})     # label -> global ranks, of every group made
         self.unreceived = sorted(unreceived, key=_order)   # sent, never received
         self.world_size = world_size
         self.spans = sorted(spans, key=lambda s: (s.start, s.t_start, s.rank, s.stream, s.path))
@@ -206,6 +212,21 @@ class Trace:
     def groups(self):
         """The group labels that carried messages, in order of first use (None: the world)."""
         return list(dict.fromkeys(e.group for e in self.events))
+
+    def local(self, group):
+        """One group's messages as a trace of its own: ranks renumbered to the
+        group's (0 .. size-1), so checks written for a world (ring neighbours,
+        steps) apply to a collective that ran in a group. ``group``: a label or
+        a ``Comm`` of it."""
+        label = getattr(getattr(group, "group", None), "label", group)
+        ranks = self.group_ranks.get(label, label)
+        if not isinstance(ranks, tuple):
+            raise KeyError(f"no group {label!r} in this trace; groups: {list(self.group_ranks)}")
+        index = {g: i for i, g in enumerate(ranks)}
+        sub = self.filter(group=label)
+        events = [e._replace(src=index[e.src], dst=index[e.dst]) for e in sub]
+        spans = [_replace_rank(s, index[s.rank]) for s in sub.spans]
+        return Trace(events, len(ranks), spans)
 
     def filter(self, span=None, src=None, dst=None, step=None, group=...):
         """A sub-trace. ``span`` matches a span name anywhere in the path;

@@ -35,8 +35,9 @@ def run(program, inputs, *, args=(), kwargs=None, mode="buffered", timeout=10.0,
     # The trace so far: a failed run's errors carry it too, to explain where it stopped.
     actors = world.all_actors()
     left = world.unreceived()
+    groups = {g.label: g.ranks for g in world.groups.values() if g.label is not None}
     trace = Trace(world.events, world.world_size, [s for me in actors for s in me.spans], left,
-                  world.computes)
+                  world.computes, groups)
     if world.failure is not None:
         kind, me, exc = world.failure
         if kind == "timeout" or isinstance(exc, Interrupt):
