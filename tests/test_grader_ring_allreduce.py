@@ -127,15 +127,16 @@ def test_failed_runs_carry_the_trace_so_far():
 
 
 def test_deadlock_in_plain_words_follows_the_waits():
-    from ringlab.errors import DeadlockError
+    from ringlab.errors import DeadlockError, Wait
     from ringlab.grading import deadlock
-    chain = DeadlockError({0: "waits in recv(src=1) (its clock: step 2)",
-                           1: "waits until rank 2 receives what it sent (its clock: step 2)"}, [2])
+    chain = DeadlockError({0: Wait("recv", 1, "waits in recv(src=1) (its clock: step 2)"),
+                           1: Wait("send", 2, "waits until rank 2 receives what it sent (its clock: step 2)")},
+                          [2])
     words, hint = deadlock.explain(chain)
     assert words == ("In plain words: rank 0 waits for a message from rank 1; rank 1 waits for rank 2 to "
                      "receive what it sent; rank 2 has finished without receiving it.")
     assert "Rank 2 has finished while rank 1 still waits for it" in hint
-    unknown = DeadlockError({0: "running (its clock: step 1)"}, [])
+    unknown = DeadlockError({0: Wait("running", None, "running (its clock: step 1)")}, [])
     assert deadlock.explain(unknown) == ("", deadlock.GENERIC)
 
 

@@ -5,34 +5,22 @@ follows those waits from rank to rank ("rank 2 waits for rank 1, which has
 finished") and reads the messages still in flight from the error's trace
 (a message nobody receives, sent to a rank that waits for someone else)::
 
-    >>> from ringlab.errors import DeadlockError
-    >>> err = DeadlockError({2: "waits in recv(src=1) (its clock: step 0)"}, [0, 1, 3])
+    >>> from ringlab.errors import DeadlockError, Wait
+    >>> err = DeadlockError({2: Wait("recv", 1, "waits in recv(src=1) (its clock: step 0)")}, [0, 1, 3])
     >>> print(explain(err)[0])
     In plain words: rank 2 waits for a message from rank 1, which has finished without sending it.
 """
 
-import re
-
-from ..errors import Wait
 
 GENERIC = ("Every recv needs a matching send on the peer, in the same order. A rank waiting for a "
            "message nobody sends usually means the ranks disagree about the step or the peer.")
 EVERYONE_RECEIVES = ("Every rank waits to receive before anyone sends: send first, or use "
                      "comm.sendrecv, which sends and receives at once.")
 
-_RECV = re.compile(r"recv\(src=(\d+)")
-_SEND = re.compile(r"send\(dst=(\d+)|until rank (\d+) receives")
-
-
-def waits_for(description):
-    """("recv", peer) or ("send", peer) from one ``DeadlockError.waiting`` entry, or None."""
-    if isinstance(description, Wait):
-        return (description.kind, description.peer) if description.kind in ("recv", "send") else None
-    m = _RECV.search(description)
-    if m:
-        return "recv", int(m.group(1))
-    m = _SEND.search(description)
-    return ("send", int(m.group(1) or m.group(2))) if m else None
+def waits_for(wait):
+    """("recv", peer) or ("send", peer) from one ``DeadlockError.waiting`` entry
+    (a ``Wait``), or None when it waits for something else (a barrier, a work)."""
+    return (wait.kind, wait.peer) if wait.kind in ("recv", "send") else None
 
 
 def explain(err):
@@ -44,7 +32,7 @@ def explain(err):
     trace = getattr(err, "trace", None)
     in_flight = None if trace is None else list(trace.unreceived)
     # Without a trace, clocks at step 0 everywhere still say that nothing was sent (a send moves the clock).
-    silent = (not len(trace)) if trace is not None else all("(its clock: step 0)" in d for d in err.waiting.values())
+    silent = (not len(trace)) if trace is not None else all("(its clock: step 0)" in str(d) for d in err.waiting.values())
     if (not finished and (in_flight == [] or silent)
             and all(kind == "recv" for kind, _ in waits.values())):
         # Nothing on its way and nobody left to send it: everyone receives first.
