@@ -10,7 +10,7 @@
 from ..comm import RunResult
 from ..errors import DeadlockError, ProgramTimeout, RankError, UnreceivedMessagesError
 from ..trace import Trace
-from .watchdog import Interrupt, Watchdog, program_traceback
+from .watchdog import Interrupt, Watchdog, no_exit, program_traceback
 from .world import MODES, Request, Work, World
 
 
@@ -22,7 +22,7 @@ def run(program, inputs, *, args=(), kwargs=None, mode="buffered", timeout=10.0,
         raise ValueError("run() needs one input per rank; got an empty list (world_size 0)")
     world = World(len(inputs), mode, record_payloads, network)
     try:
-        with Watchdog(timeout):
+        with Watchdog(timeout), no_exit():
             try:
                 world.run(program, inputs, args, kwargs or {})
             except Interrupt as e:      # landed in the scheduler, between ranks

@@ -38,6 +38,9 @@ from ..errors import CommError, Wait
 from ..trace import Compute, Event, Span
 
 MODES = ("buffered", "rendezvous")
+# Ranks that refused to unwind. Kept alive on purpose: collecting a suspended
+# greenlet throws GreenletExit into it again, and it would loop again.
+_ABANDONED = []
 WORLD = 0        # the whole world's group id
 
 
@@ -45,12 +48,13 @@ class Actor:
     """A rank's program (stream 0) or one of its works (stream 1)."""
 
     __slots__ = ("rank", "stream", "glet", "clock", "time", "waiting", "finished", "result",
-                 "spans", "span_path", "comm")
+                 "spans", "span_path", "comm", "unwinding")
 
     def __init__(self, rank, stream=0, clock=0, time=0.0):
         self.rank, self.stream, self.glet, self.clock, self.time = rank, stream, None, clock, time
         self.waiting, self.finished, self.result = None, False, None
         self.spans, self.span_path, self.comm = [], "", None
+        self.unwinding = False
 
     def key(self):
         return (self.time, self.clock, self.rank, self.stream)
@@ -193,7 +197,7 @@ class World:
         else:
             self.hub.switch()
         if self.aborting:
-            raise greenlet.GreenletExit
+            self._abort_here()
 
     def _block(self, me, on):
         me.waiting = on
@@ -215,7 +219,7 @@ class World:
                 self.current = nxt
                 nxt.glet.switch()
                 if self.aborting:
-                    raise greenlet.GreenletExit
+                    self._abort_here()
             else:
                 self._push(me)
                 self._yield()
@@ -242,8 +246,9 @@ class World:
         try:
             me.result = program(comm, x, *args, **kwargs)
             me.finished = True
-        except greenlet.GreenletExit:
-            raise
+        except greenlet.GreenletExit as e:
+            if not self.aborting:          # the program raised it itself: its error
+                self.failure = self.failure or ("error", me, e)
         except BaseException as e:  # noqa: BLE001 - reported with the rank's traceback
             self.failure = self.failure or ("error", me, e)
 
@@ -269,14 +274,28 @@ class World:
     def all_actors(self):
         return self.actors + [w.actor for w in self.works]
 
+    def _abort_here(self):
+        """Called in a rank that the end of the run is unwinding. The first time
+        it raises GreenletExit; a rank that caught that and called in again (a
+        retry loop with a bare ``except:``) is left suspended instead."""
+        me = self.current
+        if me is not None and me.glet is greenlet.getcurrent() and not me.unwinding:
+            me.unwinding = True
+            raise greenlet.GreenletExit
+        self.hub.switch()
+
     def kill_unfinished(self):
         self.aborting = True
         for me in self.all_actors():
             if me.glet:     # a greenlet is true while started and not yet finished
+                self.current = me
                 try:
                     me.glet.throw(greenlet.GreenletExit)
                 except BaseException:  # noqa: BLE001 - a dying rank cannot report anything more
                     pass
+                if me.glet:         # it caught the exit and called in again: leave it be
+                    _ABANDONED.append(me.glet)
+        self.current = None
 
     # -- point to point -------------------------------------------------------------
     def _isend(self, comm, array, dst, chunk, op, tag):

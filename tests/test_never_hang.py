@@ -1,0 +1,74 @@
+"""No program can hang the simulator or crash it with an internal error: each
+of these ends within the time limit plus a little, with a diagnosis."""
+
+import os
+import time
+
+import greenlet
+import numpy as np
+import pytest
+
+import ringlab
+
+
+def ring_recv(comm):
+    return comm.recv((comm.rank + 1) % comm.world_size)
+
+
+def test_a_retry_loop_around_a_deadlock_is_a_deadlock_not_a_hang():
+    def retry(comm, x):
+        while True:
+            try:
+                return ring_recv(comm)
+            except:  # noqa: E722 - the learner's bare except is the point
+                continue
+    t = time.monotonic()
+    with pytest.raises(ringlab.DeadlockError):
+        ringlab.run(retry, [np.ones(2)] * 3, timeout=5)
+    assert time.monotonic() - t < 1
+
+
+@pytest.mark.parametrize("body", ["pass", "time.sleep(0.001)"])
+def test_a_bare_except_cannot_swallow_the_time_limit(body):
+    code = f"""
+def stubborn(comm, x):
+    while True:
+        try:
+            {body}
+        except BaseException:
+            continue
+"""
+    scope = {"time": time}
+    exec(code, scope)
+    t = time.monotonic()
+    with pytest.raises(ringlab.ProgramTimeout):
+        ringlab.run(scope["stubborn"], [None] * 2, timeout=0.5)
+    assert time.monotonic() - t < 4
+
+
+def test_a_long_blocking_call_is_cut_short():
+    t = time.monotonic()
+    with pytest.raises(ringlab.ProgramTimeout):
+        ringlab.run(lambda comm, x: time.sleep(30), [None] * 2, timeout=0.5)
+    assert time.monotonic() - t < 3
+
+
+def test_a_rank_raising_greenlet_exit_is_its_error():
+    def prog(comm, x):
+        raise greenlet.GreenletExit("bye")
+    with pytest.raises(ringlab.RankError, match="rank 0 raised GreenletExit"):
+        ringlab.run(prog, [None] * 2)
+
+
+def test_os_exit_in_a_rank_does_not_end_the_process():
+    with pytest.raises(ringlab.RankError, match=r"os\._exit\(3\) was called"):
+        ringlab.run(lambda comm, x: os._exit(3), [None] * 2)
+    assert os._exit.__name__ == "_exit"           # put back after the run
+
+
+def test_the_next_run_after_a_timeout_is_not_disturbed():
+    with pytest.raises(ringlab.ProgramTimeout):
+        ringlab.run(lambda comm, x: time.sleep(30), [None] * 2, timeout=0.3)
+    from ringlab.collectives import ring_allreduce
+    res = ringlab.run(ring_allreduce, [np.ones(3)] * 3)
+    assert float(res.outputs[0][0]) == 3.0
