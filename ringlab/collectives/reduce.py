@@ -4,11 +4,12 @@
 with messages flowing from the leaves up to the root and each rank adding
 what its children send before it passes its partial sum to its parent.
 
-A note on the step model: it limits *sends* (one per step), not receives, so
-a rank may take in several partial sums in one step. That is why the reduce
-can finish in fewer than ceil(log2 N) steps when N is not a power of two
-(N = 3: both non-roots send to the root in step 1). Its real cost, the root
-taking in one whole vector per child, shows in the bytes the root receives.
+A note on the step model: in the one-port model a rank sends at most one and
+receives at most one message per step, so a parent takes in its children's
+partial sums one per step. The root has ceil(log2 N) children, so the reduce
+takes ceil(log2 N) steps, as many as the broadcast, for every N (N = 3: both
+non-roots send at once, and the root takes one vector in step 1, the other in
+step 2; see ``ringlab.cost.binomial_reduce_steps``).
 """
 
 import numpy as np
