@@ -100,7 +100,8 @@ def test_chrome_trace_ring_validates_and_round_trips():
                     sorted(sends, key=lambda s: (s["pid"], s["ts"]))):
         assert s["pid"] == by_rank[f"rank {e.src}"]
         assert s["args"] == {"step": e.step, "src": e.src, "dst": e.dst, "chunk": e.chunk, "op": e.op,
-                             "bytes": e.nbytes, "span": "ring_allreduce", "tag": 0}
+                             "bytes": e.nbytes, "span": "ring_allreduce", "tag": 0,
+                             "group": None, "stream": 0}
         assert (s["ts"], s["dur"]) == pytest.approx(((e.step - 1) * 1000.0, 1000.0))   # µs
     # flows: one start at each send and one finish at each receive, same ids
     starts = {e["id"] for e in events if e["ph"] == "s"}

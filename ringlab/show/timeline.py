@@ -1,10 +1,14 @@
 """Timelines: when each message of a trace happens, and a Chrome/Perfetto export.
 
-A trace knows *steps*, not times. A **time model** turns every event into a
-``(start, duration)`` pair in seconds. Two are built in:
+A trace run with ``network=`` (``ringlab.run(..., network=AlphaBeta(...))``)
+knows when every message travelled, in simulated seconds: ``event.start`` and
+``event.end``. That is what every view here uses by default (``SimulatedTime``).
+A trace without a network knows *steps*, not times; then a **time model** turns
+every event into a ``(start, duration)`` pair in seconds. Two are built in:
 
 - ``StepTime(unit)``: step ``s`` is the window ``[(s - 1) * unit, s * unit]``;
-  every message of step ``s`` fills it. The default (one step = 1 ms).
+  every message of step ``s`` fills it. The default for an untimed trace
+  (one step = 1 ms).
 - ``AlphaBeta(alpha, beta)``: a step costs ``alpha + beta * bytes`` of the busiest
   port in it (as in ``ringlab.show.views.alpha_beta_time``); a message starts when its
   step starts and lasts ``alpha + beta * nbytes``.
@@ -12,6 +16,11 @@ A trace knows *steps*, not times. A **time model** turns every event into a
 Any function ``event -> (start, duration)`` works too, and so does any object
 with a ``times(trace)`` method returning one pair per event (in trace order):
 later chapters plug in simulated times that way.
+
+``plot_gantt(trace)`` draws one row per rank: compute as wide bars, each
+message as a thin bar on its sender's send port and its receiver's receive port.
+It is the picture of overlap (does the gradient AllReduce hide behind the
+backward pass?) and of pipeline bubbles.
 
 ``to_chrome_trace(trace)`` gives the Trace Event format that Perfetto
 (ui.perfetto.dev, works offline once loaded) and ``chrome://tracing`` open::
@@ -51,9 +60,35 @@ class StepTime:
         return f"StepTime(unit={self.unit!r})"
 
 
+class SimulatedTime:
+    """The times the simulator recorded: ``(event.start, event.end - event.start)``.
+    Only for a trace run with a network model (``network=``)."""
+
+    def times(self, trace):
+        if not is_timed(trace):
+            raise ValueError("this trace has no simulated message times: run it with "
+                             "network=ringlab.AlphaBeta(...), or pass a time model such as StepTime()")
+        return [(e.start, e.end - e.start) for e in trace]
+
+    def __repr__(self):
+        return "SimulatedTime()"
+
+
+def is_timed(trace):
+    """True if every message of ``trace`` has simulated times (the run had ``network=``)."""
+    return all(e.start is not None and e.end is not None for e in trace)
+
+
+def default_time_model(trace):
+    """``SimulatedTime()`` for a trace with simulated times, else ``StepTime()``.
+    (A trace without messages counts as timed: its computes carry their own times.)"""
+    return SimulatedTime() if is_timed(trace) else StepTime()
+
+
 def event_times(trace, time_model=None):
-    """``[(start, duration), ...]``, one pair per event of ``trace`` in order."""
-    model = StepTime() if time_model is None else time_model
+    """``[(start, duration), ...]``, one pair per event of ``trace`` in order.
+    ``time_model=None``: the simulated times if the trace has them, else ``StepTime()``."""
+    model = default_time_model(trace) if time_model is None else time_model
     if hasattr(model, "times"):
         times = list(model.times(trace))
     elif callable(model):
@@ -125,65 +160,110 @@ def _lanes(slices):
 def to_chrome_trace(trace, time_model=None, *, flows=True):
     """The trace in Chrome's Trace Event format: ``{"traceEvents": [...]}``.
 
-    One process per rank (named ``rank r``) with a ``calls`` track for the
-    collective calls (spans), a ``send`` track and a ``recv`` track (extra
-    ``send 2``/``recv 2`` lanes only if a time model makes slices overlap).
-    One complete ("X") slice per send and per receive, with step, chunk, op and
-    bytes as args; ``flows=True`` adds an arrow from each send to its receive.
-    Times are microseconds, as the format wants.
+    One process per rank (named ``rank r``) with these tracks (threads):
+
+    - ``calls``: the collective calls (spans) of the program;
+    - ``compute``: its ``comm.compute`` slices (only if it has any);
+    - ``stream 1 calls``, ``stream 1 compute``: the same for the works started
+      with ``comm.start``, which run beside the program (only if there are any);
+    - ``send`` and ``recv``: one slice per message (extra ``send 2``/``recv 2``
+      lanes only if a time model makes slices overlap).
+
+    Messages carry step, chunk, op, bytes, span, tag, group and stream as args;
+    ``flows=True`` adds an arrow from each send to its receive. Times are
+    microseconds, as the format wants. ``time_model=None``: the simulated times
+    when the run had a network model (spans then run from ``t_start`` to
+    ``t_end``), else ``StepTime()``. Compute slices always sit at their
+    simulated seconds.
     """
-    times = event_times(trace, time_model)
+    model = default_time_model(trace) if time_model is None else time_model
+    times = event_times(trace, model)
     us = 1e6
     out, meta = [], []
     pid = {r: r + 1 for r in range(trace.world_size)}   # pid 0 means "idle" to some viewers
-    per_rank = defaultdict(lambda: {"send": [], "recv": []})
+    if isinstance(model, SimulatedTime):     # the simulator's own clock: exact
+        spans = [(sp, sp.t_start, sp.t_end) for sp in trace.spans]
+    else:                                    # spans follow the modelled message times
+        spans = span_times(trace, times)
+    # Every slice of a rank, by track: (start, dur, what) with what = an event index,
+    # a Span or a Compute.
+    tracks = defaultdict(lambda: defaultdict(list))
     for i, (e, (start, dur)) in enumerate(zip(trace, times)):
-        per_rank[e.src]["send"].append((start, dur, i))
-        per_rank[e.dst]["recv"].append((start, dur, i))
-    track = {}                    # (rank, "send"/"recv", event index) -> tid
+        tracks[e.src]["send"].append((start, dur, i))
+        tracks[e.dst]["recv"].append((start, dur, i))
+    for sp, t0, t1 in spans:
+        tracks[sp.rank]["stream 1 calls" if sp.stream else "calls"].append((t0, t1 - t0, sp))
+    for c in trace.computes:
+        tracks[c.rank]["stream 1 compute" if c.stream else "compute"].append((c.start, c.duration, c))
+    where = {}                 # (rank, track, index in that track) -> tid
     for r in range(trace.world_size):
         p = pid[r]
         meta += [_meta("process_name", p, 0, name=f"rank {r}"),
                  _meta("process_sort_index", p, 0, sort_index=r),
-                 _meta("thread_name", p, p * 1000, name="calls")]
+                 _meta("thread_name", p, p * 1000, name="calls"),
+                 _meta("thread_sort_index", p, p * 1000, sort_index=p * 1000)]
         tid = p * 1000 + 1
-        for kind in ("send", "recv"):
-            lanes, count = _lanes(per_rank[r][kind])
+        for kind in ("calls", "compute", "stream 1 calls", "stream 1 compute", "send", "recv"):
+            mine = tracks[r][kind]
+            if kind == "calls":     # the program's spans nest: one track, as before
+                where.update({(r, kind, j): p * 1000 for j in range(len(mine))})
+                continue
+            lanes, count = _lanes(mine)
             for k in range(count):
                 meta.append(_meta("thread_name", p, tid + k, name=kind if k == 0 else f"{kind} {k + 1}"))
                 meta.append(_meta("thread_sort_index", p, tid + k, sort_index=tid + k))
-            for j, (_, _, i) in enumerate(per_rank[r][kind]):
-                track[r, kind, i] = tid + lanes[j]
+            where.update({(r, kind, j): tid + lanes[j] for j in range(len(mine))})
             tid += count
+    message_tid = {}
+    for r, kinds in tracks.items():
+        for kind in ("send", "recv"):
+            for j, (_, _, i) in enumerate(kinds[kind]):
+                message_tid[r, kind, i] = where[r, kind, j]
     for i, (e, (start, dur)) in enumerate(zip(trace, times)):
         args = {"step": e.step, "src": e.src, "dst": e.dst, "chunk": _jsonable(e.chunk),
-                "op": e.op, "bytes": e.nbytes, "span": e.span, "tag": e.tag}
+                "op": e.op, "bytes": e.nbytes, "span": e.span, "tag": e.tag,
+                "group": _jsonable(e.group), "stream": e.stream}
         what = "" if e.chunk is None else f" c{e.chunk}"
         for kind, rank, peer in (("send", e.src, f"→ {e.dst}"), ("recv", e.dst, f"← {e.src}")):
             out.append({"name": f"{kind}{what} {peer}", "cat": kind, "ph": "X", "ts": start * us,
-                        "dur": dur * us, "pid": pid[rank], "tid": track[rank, kind, i], "args": args})
+                        "dur": dur * us, "pid": pid[rank], "tid": message_tid[rank, kind, i],
+                        "args": args})
         if flows:   # an arrow in the viewer from the send slice to the receive slice
             common = {"name": "message", "cat": "message", "id": i, "ts": start * us}
-            out.append({**common, "ph": "s", "pid": pid[e.src], "tid": track[e.src, "send", i]})
-            out.append({**common, "ph": "f", "bp": "e", "pid": pid[e.dst], "tid": track[e.dst, "recv", i]})
-    for sp, t0, t1 in span_times(trace, times):
-        out.append({"name": sp.name, "cat": "span", "ph": "X", "ts": t0 * us, "dur": (t1 - t0) * us,
-                    "pid": pid[sp.rank], "tid": pid[sp.rank] * 1000,
-                    "args": {"path": sp.path, "rank": sp.rank, "start_step": sp.start, "end_step": sp.end}})
+            out.append({**common, "ph": "s", "pid": pid[e.src], "tid": message_tid[e.src, "send", i]})
+            out.append({**common, "ph": "f", "bp": "e", "pid": pid[e.dst],
+                        "tid": message_tid[e.dst, "recv", i]})
+    for r, kinds in tracks.items():
+        for kind in ("calls", "stream 1 calls", "compute", "stream 1 compute"):
+            for j, (t0, dur, x) in enumerate(kinds[kind]):
+                if kind.endswith("calls"):
+                    name, cat = x.name, "span"
+                    args = {"path": x.path, "rank": x.rank, "start_step": x.start,
+                            "end_step": x.end, "group": _jsonable(x.group), "stream": x.stream}
+                else:
+                    name, cat = x.label, "compute"
+                    args = {"rank": x.rank, "step": x.step, "stream": x.stream,
+                            **{k: _jsonable(v) for k, v in x.meta}}
+                out.append({"name": name, "cat": cat, "ph": "X", "ts": t0 * us, "dur": dur * us,
+                            "pid": pid[r], "tid": where[r, kind, j], "args": args})
     # Per track in time order; at equal times the longer slice first, so that an
     # enclosing slice (a span) comes before what it encloses, and a flow after its slice.
     order = {"X": 0, "s": 1, "f": 1}
     out.sort(key=lambda ev: (ev["pid"], ev["tid"], ev["ts"], order[ev["ph"]], -ev.get("dur", 0)))
     return {"traceEvents": meta + out, "displayTimeUnit": "ms",
             "otherData": {"world_size": trace.world_size, "steps": trace.steps,
-                          "time_model": repr(time_model or StepTime())}}
+                          "time_model": repr(model)}}
 
 
 def _meta(what, pid, tid, **args):
     return {"name": what, "ph": "M", "ts": 0, "pid": pid, "tid": tid, "args": args}
 
 
-def _jsonable(chunk):
-    if hasattr(chunk, "item"):          # a numpy integer used as a chunk label
-        chunk = chunk.item()
-    return chunk if chunk is None or isinstance(chunk, (int, float, str, bool)) else repr(chunk)
+def _jsonable(label):
+    """A chunk label, group label or meta value as JSON: a group's tuple of ranks
+    becomes a list, anything else unusual its repr."""
+    if hasattr(label, "item"):          # a numpy number used as a label
+        label = label.item()
+    if isinstance(label, tuple) and all(isinstance(v, int) for v in label):
+        return list(label)
+    return label if label is None or isinstance(label, (int, float, str, bool)) else repr(label)
