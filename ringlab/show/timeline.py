@@ -267,3 +267,157 @@ def _jsonable(label):
     if isinstance(label, tuple) and all(isinstance(v, int) for v in label):
         return list(label)
     return label if label is None or isinstance(label, (int, float, str, bool)) else repr(label)
+
+
+# -- the per-rank timeline (Gantt chart) --------------------------------------------------
+
+# Compute in cool colours, messages in warm ones, so the two never get confused.
+COMPUTE_COLOURS = ["#4e79a7", "#59a14f", "#76b7b2", "#b07aa1", "#9c755f", "#bab0ac",
+                   "#86bcb6", "#8cd17d", "#a0cbe8", "#d4a6c8"]
+COMM_COLOURS = ["#f28e2b", "#e15759", "#edc948", "#ff9da7", "#d37295", "#fabfd2", "#b6992d"]
+NO_SPAN = "point-to-point"       # the legend's name for messages sent outside any collective
+
+
+def gantt_bars(trace, *, color_by="label", time_model=None):
+    """What ``plot_gantt`` draws, one dict per bar, in seconds:
+    ``rank``, ``kind`` (``"compute"``, ``"send"`` or ``"recv"``), ``stream``,
+    ``start``, ``end``, ``key`` (its legend entry) and ``text`` (written in the bar).
+
+    A compute bar's key is its label, or with ``color_by="microbatch"`` (any meta
+    key) ``"microbatch 3"``; a compute without that key keeps its label. A message
+    gives two bars, one on the sender's send port and one on the receiver's
+    receive port, keyed by its innermost collective (``NO_SPAN`` outside any).
+    """
+    bars = []
+    for c in trace.computes:
+        if color_by == "label":
+            key, text = c.label, c.label
+        elif color_by in dict(c.meta):
+            value = c.get(color_by)
+            key, text = f"{color_by} {value}", str(value)
+        else:
+            key, text = c.label, c.label
+        bars.append(dict(rank=c.rank, kind="compute", stream=c.stream, start=c.start, end=c.end,
+                         key=key, text=text))
+    for e, (start, dur) in zip(trace, event_times(trace, time_model)):
+        key = e.span.rsplit("/", 1)[-1] or NO_SPAN
+        for kind, rank in (("send", e.src), ("recv", e.dst)):
+            bars.append(dict(rank=rank, kind=kind, stream=e.stream, start=start, end=start + dur,
+                             key=key, text=""))
+    return bars
+
+
+def _time_unit(seconds):
+    """A readable unit for a span of ``seconds``: (factor, name)."""
+    if seconds < 1e-3:
+        return 1e6, "µs"
+    if seconds < 1:
+        return 1e3, "ms"
+    return 1.0, "s"
+
+
+def plot_gantt(trace, ax=None, *, color_by="label", ranks=None, title=None, time_model=None):
+    """A per-rank timeline: time to the right, one band per rank (rank 0 on top).
+
+    Each band has a ``compute`` lane (``comm.compute`` bars, coloured by label or
+    by a meta key: ``color_by="microbatch"``), a ``stream 1`` lane if works
+    started with ``comm.start`` compute, and a ``send``/``recv`` lane pair: the
+    rank's two ports in the one-port model, each busy with at most one message at
+    a time. A message is a thin bar on its sender's send port and its receiver's
+    receive port, coloured by its collective; hatched if it travels on the
+    communication stream (``comm.start``). The dashed line is the makespan.
+
+    Times: the simulated seconds of a run with ``network=``; for an untimed
+    trace ``StepTime()`` (one step = 1 ms), or pass ``time_model``.
+    ``ranks``: which ranks to draw (default all). Returns the Axes.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
+
+    model = default_time_model(trace) if time_model is None else time_model
+    bars = gantt_bars(trace, color_by=color_by, time_model=model)
+    ranks = list(range(trace.world_size)) if ranks is None else list(ranks)
+    shown = set(ranks)
+    bars = [b for b in bars if b["rank"] in shown]
+    end = max([b["end"] for b in bars] + [trace.time if set(ranks) == set(range(trace.world_size))
+                                          else 0.0], default=0.0) or 1e-3
+
+    # Lanes: y positions, rank 0 on top. A lane is 1 unit tall; ranks 0.6 apart.
+    lanes = ["compute"] if any(b["kind"] == "compute" for b in bars) else []
+    if any(b["kind"] == "compute" and b["stream"] for b in bars):
+        lanes.append("stream 1")
+    lanes += ["send", "recv"]
+    band = len(lanes) + 0.6
+    lane_y = {(r, lane): i * band + j for i, r in enumerate(ranks) for j, lane in enumerate(lanes)}
+
+    if ax is None:
+        height = min(9.0, 1.1 + 0.24 * band * len(ranks))
+        fig, ax = plt.subplots(figsize=(8.0, height))
+        fig.subplots_adjust(left=1.15 / 8.0, right=1 - 1.9 / 8.0, bottom=0.5 / height,
+                            top=1 - 0.35 / height)
+
+    def colours(keys, palette):
+        return {k: palette[i % len(palette)] for i, k in enumerate(keys)}
+    compute_keys = list(dict.fromkeys(b["key"] for b in sorted(bars, key=lambda b: b["start"])
+                                      if b["kind"] == "compute"))
+    if color_by != "label":       # microbatch 0, 1, 2, ... in numeric order
+        compute_keys.sort(key=lambda k: (not k.startswith(color_by + " "), _natural(k)))
+    comm_keys = list(dict.fromkeys(b["key"] for b in sorted(bars, key=lambda b: b["start"])
+                                   if b["kind"] != "compute"))
+    colour = {**colours(compute_keys, COMPUTE_COLOURS), **colours(comm_keys, COMM_COLOURS)}
+
+    for b in bars:
+        if b["kind"] == "compute":
+            y, h = lane_y[b["rank"], "stream 1" if b["stream"] else "compute"], 0.8
+        else:
+            y, h = lane_y[b["rank"], b["kind"]], 0.55      # thinner: a port, not the rank's work
+        rect = ax.barh(y, b["end"] - b["start"], left=b["start"], height=h, color=colour[b["key"]],
+                       edgecolor="white", linewidth=0.6,     # (white hatching, too) hatch="////" if b["kind"] != "compute" and b["stream"] else None,
+                       zorder=2)[0]
+        rect.set_gid(b["kind"])
+        if b["text"] and b["end"] - b["start"] >= 0.05 * end:
+            txt = ax.text((b["start"] + b["end"]) / 2, y, b["text"], ha="center", va="center",
+                          fontsize=7, color="white", zorder=3)
+            txt.set_clip_path(rect)         # never spill over a short bar
+
+    # The makespan: when the last rank is done.
+    ax.axvline(end, color="0.35", ls="--", lw=0.9, zorder=1)
+    scale, unit = _time_unit(end)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x * scale:g}"))
+    timed = isinstance(model, SimulatedTime)
+    ax.set_xlabel(f"simulated time ({unit})" if timed else f"time ({unit}; messages: {model!r})")
+    ax.set_xlim(0, end * 1.02)
+
+    # y: small lane names, and "rank r" further left.
+    ys = sorted(lane_y.items(), key=lambda kv: kv[1])
+    ax.set_yticks([y for _, y in ys], [lane for (_, lane), _ in ys], fontsize=7)
+    ax.tick_params(axis="y", length=0)
+    for r in ranks:
+        middle = (lane_y[r, lanes[0]] + lane_y[r, lanes[-1]]) / 2
+        ax.annotate(f"rank {r}", xy=(0, middle), xycoords=("axes fraction", "data"),
+                    xytext=(-42, 0), textcoords="offset points", ha="right", va="center",
+                    fontsize=9, fontweight="bold")
+    ax.set_ylim(lane_y[ranks[-1], lanes[-1]] + 0.7, -0.7)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    ax.grid(axis="x", color="0.92", zorder=0)
+    ax.set_axisbelow(True)
+
+    handles = [Patch(color=colour[k], label=k) for k in compute_keys + comm_keys]
+    if any(b["kind"] != "compute" and b["stream"] for b in bars):
+        handles.append(Patch(facecolor="white", edgecolor="0.35", hatch="////",
+                             label="comm.start stream"))
+    if handles:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8,
+                  frameon=False)
+    scale_t, unit_t = _time_unit(trace.time or end)
+    ax.set_title(title or f"Timeline: {len(ranks)} ranks, "
+                          f"{(trace.time or end) * scale_t:.4g} {unit_t}", fontsize=10)
+    return ax
+
+
+def _natural(text):
+    """Sort key: "microbatch 10" after "microbatch 9"."""
+    head, _, tail = text.rpartition(" ")
+    return (head, 0, float(tail), "") if tail.replace(".", "", 1).lstrip("-").isdigit() else (head, 1, 0, tail)
