@@ -373,8 +373,9 @@ def plot_gantt(trace, ax=None, *, color_by="label", ranks=None, title=None, time
         else:
             y, h = lane_y[b["rank"], b["kind"]], 0.55      # thinner: a port, not the rank's work
         rect = ax.barh(y, b["end"] - b["start"], left=b["start"], height=h, color=colour[b["key"]],
-                       edgecolor="white", linewidth=0.6,     # (white hatching, too) hatch="////" if b["kind"] != "compute" and b["stream"] else None,
-                       zorder=2)[0]
+                       edgecolor="white", linewidth=1.0,    # white gaps between back-to-back bars
+                       hatch="////" if b["kind"] != "compute" and b["stream"] else None,
+                       hatchcolor=(1, 1, 1, 0.7), zorder=2)[0]
         rect.set_gid(b["kind"])
         if b["text"] and b["end"] - b["start"] >= 0.05 * end:
             txt = ax.text((b["start"] + b["end"]) / 2, y, b["text"], ha="center", va="center",
@@ -406,7 +407,7 @@ def plot_gantt(trace, ax=None, *, color_by="label", ranks=None, title=None, time
 
     handles = [Patch(color=colour[k], label=k) for k in compute_keys + comm_keys]
     if any(b["kind"] != "compute" and b["stream"] for b in bars):
-        handles.append(Patch(facecolor="white", edgecolor="0.35", hatch="////",
+        handles.append(Patch(facecolor="0.6", edgecolor="white", hatch="////", hatchcolor="white",
                              label="comm.start stream"))
     if handles:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8,
