@@ -186,6 +186,39 @@ def test_notebook_snippets_on_one_page(browser, tmp_path):
     assert js_errors(browser) == []
 
 
+def test_computes_and_groups(browser, tmp_path):
+    """Compute badges under the ranks at the step after which they run, and the group
+    of each message in the list. Program: every rank computes "forward" (1 ms), then
+    pairs (0, 1) and (2, 3) all-reduce in groups dp[0], dp[1] (steps 1, 2), then
+    "optimizer" (2 ms) after the last step."""
+    def program(comm, x):
+        comm.compute(1e-3, "forward")
+        pair = comm.split(comm.rank // 2, name="dp")
+        y = ring_allreduce(pair, x)
+        comm.compute(2e-3, "optimizer")
+        return y
+    trace = ringlab.run(program, [np.ones(4)] * 4).trace
+    open_page(browser, trace.save_html(tmp_path / "groups.html"))
+    player = browser.find_element("css selector", ".ringlab-player")
+
+    def badges():
+        return [t.text for t in player.find_elements("css selector", "text.rlp-compute")]
+
+    def listed():
+        return [li.text for li in player.find_elements("css selector", "ul.rlp-messages li")]
+    assert badges() == ["⚙ forward 1 ms"] * 4
+    assert "rank 2 computes forward 1 ms" in listed()
+    player.find_element("css selector", "button.rlp-forward").click()
+    assert badges() == [""] * 4
+    assert sorted(listed()) == ["rank 0 → rank 1 [group dp[0]]: chunk 0, reduce, 16 B",
+                                "rank 1 → rank 0 [group dp[0]]: chunk 1, reduce, 16 B",
+                                "rank 2 → rank 3 [group dp[1]]: chunk 0, reduce, 16 B",
+                                "rank 3 → rank 2 [group dp[1]]: chunk 1, reduce, 16 B"]
+    player.find_element("css selector", "button.rlp-last").click()
+    assert badges() == ["⚙ optimizer 2 ms"] * 4
+    assert js_errors(browser) == []
+
+
 def test_player_runs_in_the_built_book(browser):
     """The real book, as `make book` builds it (incrementally: fast when `make test`
     has just built it): the Ring AllReduce chapter's player renders and steps, and

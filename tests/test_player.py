@@ -136,3 +136,31 @@ def test_trace_methods():
     assert trace.show(layout="circle").data["layout"]["kind"] == "circle"
     with pytest.raises(ValueError, match="filter"):
         player_data(Trace([Event(1, 0, 1, seq=i) for i in range(50_001)], 2))
+
+
+def test_computes_and_groups_in_player_data():
+    # Pairs (0, 1) and (2, 3) each all-reduce in their own group, between two computes.
+    # With no network the ring of 2 takes steps 1 and 2; "forward" runs at step 0,
+    # "optimizer" after the last message, at step 2.
+    def program(comm, x):
+        comm.compute(1e-3, "forward")
+        pair = comm.split(comm.rank // 2, name="dp")
+        y = ring_allreduce(pair, x)
+        comm.compute(2e-3, "optimizer")
+        return y
+    trace = ringlab.run(program, [np.ones(4)] * 4).trace
+    data = player_data(trace)
+    assert data["computeLabels"] == ["forward", "optimizer"]
+    assert sorted(data["computes"]) == sorted([0, r, 0, 1e-3, 0] for r in range(4)) + sorted(
+        [2, r, 1, 2e-3, 0] for r in range(4))
+    assert data["groups"] == ["dp[0]", "dp[1]"]
+    assert [data["groups"][g] for g in data["eventGroups"]] == [
+        "dp[0]" if e.src < 2 else "dp[1]" for e in trace]
+    # the whole world's messages: -1; a group named by its ranks: "0,1"
+    plain = player_data(ring(2))
+    assert plain["eventGroups"] == [-1] * len(ring(2)) and plain["groups"] == []
+
+    def unnamed(comm, x):
+        g = comm.new_group([0, 1])
+        return ring_allreduce(g, x) if g else x
+    assert player_data(ringlab.run(unnamed, [np.ones(2)] * 3).trace)["groups"] == ["0,1"]

@@ -100,7 +100,8 @@ def test_chrome_trace_ring_validates_and_round_trips():
                     sorted(sends, key=lambda s: (s["pid"], s["ts"]))):
         assert s["pid"] == by_rank[f"rank {e.src}"]
         assert s["args"] == {"step": e.step, "src": e.src, "dst": e.dst, "chunk": e.chunk, "op": e.op,
-                             "bytes": e.nbytes, "span": "ring_allreduce", "tag": 0}
+                             "bytes": e.nbytes, "span": "ring_allreduce", "tag": 0,
+                             "group": None, "stream": 0}
         assert (s["ts"], s["dur"]) == pytest.approx(((e.step - 1) * 1000.0, 1000.0))   # µs
     # flows: one start at each send and one finish at each receive, same ids
     starts = {e["id"] for e in events if e["ph"] == "s"}
@@ -149,3 +150,79 @@ def test_no_flows_option_and_empty_trace():
     assert not [e for e in doc["traceEvents"] if e["ph"] in "sf"]
     empty = to_chrome_trace(Trace([], 3))
     assert [e for e in empty["traceEvents"] if e["ph"] != "M"] == []
+
+
+# -- simulated times, compute and groups ------------------------------------------------
+
+NET = ringlab.AlphaBeta(alpha=1e-5, beta=1e-9)
+
+
+def overlapped(comm, x):
+    """A data-parallel step in miniature: the AllReduce of one layer's gradient runs on
+    the communication stream while the previous layer's backward computes."""
+    comm.compute(2e-3, "forward", microbatch=0)
+    comm.compute(1e-3, "backward", layer=1)
+    work = comm.start(ring_allreduce, x)
+    comm.compute(1e-3, "backward", layer=0)
+    return work.wait()
+
+
+def test_default_times_are_the_simulated_ones():
+    trace = ringlab.run(overlapped, [np.ones(4000)] * 4, network=NET).trace
+    assert event_times(trace) == [(e.start, e.end - e.start) for e in trace]
+    # 4000 float64 on 4 ranks: 8000-byte chunks, each message alpha + 8000 beta = 18 us,
+    # starting when the AllReduce starts (3 ms, after forward and the first backward).
+    assert trace[0].start == pytest.approx(3e-3) and trace[0].end - trace[0].start == pytest.approx(18e-6)
+    untimed = ring(3)
+    assert event_times(untimed) == event_times(untimed, StepTime())
+
+
+def test_chrome_trace_uses_simulated_times_and_shows_compute():
+    trace = ringlab.run(overlapped, [np.ones(4000)] * 4, network=NET).trace
+    events = validate(to_chrome_trace(trace))
+    sends = slices(events, "send")
+    assert len(sends) == len(trace) == 24
+    expected = sorted((e.src + 1, e.start * 1e6, (e.end - e.start) * 1e6) for e in trace)
+    got = sorted((s["pid"], s["ts"], s["dur"]) for s in sends)
+    assert got == [pytest.approx(x) for x in expected]
+    assert all(s["args"]["stream"] == 1 for s in sends)          # all sent by comm.start's work
+    computes = slices(events, "compute")
+    assert len(computes) == len(trace.computes) == 12            # 3 per rank
+    assert sorted((c["pid"], c["ts"], c["dur"], c["name"]) for c in computes) == [
+        pytest.approx((c.rank + 1, c.start * 1e6, c.duration * 1e6, c.label)) for c in
+        sorted(trace.computes, key=lambda c: (c.rank, c.start))]
+    first = min((c for c in computes if c["pid"] == 1), key=lambda c: c["ts"])
+    assert first["args"] == {"rank": 0, "step": 0, "stream": 0, "microbatch": 0}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert {threads[c["pid"], c["tid"]] for c in computes} == {"compute"}
+    # The AllReduce's span is on the stream's own track, from 3 ms to 3 ms + 6 messages.
+    spans = slices(events, "span")
+    assert {threads[s["pid"], s["tid"]] for s in spans} == {"stream 1 calls"}
+    assert all((s["ts"], s["dur"]) == pytest.approx((3000.0, 6 * 18.0)) for s in spans)
+    doc = to_chrome_trace(trace)
+    assert doc["otherData"]["time_model"] == "SimulatedTime()"
+    # An explicit model still wins: StepTime puts step s at (s - 1) ms.
+    steps = slices(validate(to_chrome_trace(trace, StepTime())), "send")
+    assert sorted(s["ts"] for s in steps) == sorted((e.step - 1) * 1000.0 for e in trace)
+
+
+def test_chrome_trace_group_labels():
+    def program(comm, x):
+        pair = comm.split(comm.rank // 2, name="dp")
+        return ring_allreduce(pair, x)
+    trace = ringlab.run(program, [np.ones(4)] * 4).trace
+    events = validate(to_chrome_trace(trace))
+    assert {s["args"]["group"] for s in slices(events, "send")} == {"dp[0]", "dp[1]"}
+    assert {s["args"]["group"] for s in slices(events, "span")} == {"dp[0]", "dp[1]"}
+    # a group named by its ranks: the tuple becomes a JSON list
+    def unnamed(comm, x):
+        g = comm.new_group([0, 1])
+        return ring_allreduce(g, x) if g else x
+    doc = to_chrome_trace(ringlab.run(unnamed, [np.ones(2)] * 3).trace)
+    assert {s["args"]["group"] == [0, 1] for s in slices(validate(json.loads(json.dumps(doc))), "send")} == {True}
+
+
+def test_simulated_time_needs_a_timed_trace():
+    from ringlab.show.timeline import SimulatedTime
+    with pytest.raises(ValueError, match="network="):
+        event_times(ring(2), SimulatedTime())

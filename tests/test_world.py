@@ -303,3 +303,19 @@ def test_a_signal_someone_else_handles_is_left_alone():
         assert seen == []                                    # we never used their signal
     finally:
         signal.signal(signal.SIGUSR2, previous)
+
+
+def test_a_work_started_before_a_compute_sends_the_buffer_as_it_was():
+    # The work starts at t = 0; the program computes 1 s and only then writes the
+    # buffer. In simulated time the work's send comes first, so it carries the
+    # zeros: comm.compute lets the actors it ran past (the work) go first.
+    def program(comm, x):
+        buf = np.zeros(2)
+        peer = 1 - comm.rank
+        work = comm.start(lambda c: c.sendrecv(buf, peer, peer))
+        comm.compute(1.0, "backward")
+        buf[...] = x
+        return work.wait()
+    res = ringlab.run(program, [np.ones(2), np.ones(2)])
+    assert [y.tolist() for y in res.outputs] == [[0.0, 0.0]] * 2
+    assert res.time == 1.0

@@ -1,3 +1,11 @@
 """Ways to look at a trace: ``views`` (holdings tables), ``figures`` (matplotlib),
 ``timeline`` (per-rank Gantt charts and the Perfetto export), ``player`` (the
-interactive offline player) and ``widgets`` (live panels in a notebook)."""
+interactive offline player) and ``widgets`` (live panels in a notebook).
+
+``plot_gantt`` is here too, as the chapters on overlap and pipelines use it most."""
+
+
+def plot_gantt(trace, ax=None, **options):
+    """``ringlab.show.timeline.plot_gantt``: a per-rank timeline of compute and messages."""
+    from .timeline import plot_gantt as plot    # lazy: importing ringlab needs no matplotlib
+    return plot(trace, ax, **options)

@@ -1,10 +1,14 @@
 """Timelines: when each message of a trace happens, and a Chrome/Perfetto export.
 
-A trace knows *steps*, not times. A **time model** turns every event into a
-``(start, duration)`` pair in seconds. Two are built in:
+A trace run with ``network=`` (``ringlab.run(..., network=AlphaBeta(...))``)
+knows when every message travelled, in simulated seconds: ``event.start`` and
+``event.end``. That is what every view here uses by default (``SimulatedTime``).
+A trace without a network knows *steps*, not times; then a **time model** turns
+every event into a ``(start, duration)`` pair in seconds. Two are built in:
 
 - ``StepTime(unit)``: step ``s`` is the window ``[(s - 1) * unit, s * unit]``;
-  every message of step ``s`` fills it. The default (one step = 1 ms).
+  every message of step ``s`` fills it. The default for an untimed trace
+  (one step = 1 ms).
 - ``AlphaBeta(alpha, beta)``: a step costs ``alpha + beta * bytes`` of the busiest
   port in it (as in ``ringlab.show.views.alpha_beta_time``); a message starts when its
   step starts and lasts ``alpha + beta * nbytes``.
@@ -12,6 +16,11 @@ A trace knows *steps*, not times. A **time model** turns every event into a
 Any function ``event -> (start, duration)`` works too, and so does any object
 with a ``times(trace)`` method returning one pair per event (in trace order):
 later chapters plug in simulated times that way.
+
+``plot_gantt(trace)`` draws one row per rank: compute as wide bars, each
+message as a thin bar on its sender's send port and its receiver's receive port.
+It is the picture of overlap (does the gradient AllReduce hide behind the
+backward pass?) and of pipeline bubbles.
 
 ``to_chrome_trace(trace)`` gives the Trace Event format that Perfetto
 (ui.perfetto.dev, works offline once loaded) and ``chrome://tracing`` open::
@@ -51,9 +60,35 @@ class StepTime:
         return f"StepTime(unit={self.unit!r})"
 
 
+class SimulatedTime:
+    """The times the simulator recorded: ``(event.start, event.end - event.start)``.
+    Only for a trace run with a network model (``network=``)."""
+
+    def times(self, trace):
+        if not is_timed(trace):
+            raise ValueError("this trace has no simulated message times: run it with "
+                             "network=ringlab.AlphaBeta(...), or pass a time model such as StepTime()")
+        return [(e.start, e.end - e.start) for e in trace]
+
+    def __repr__(self):
+        return "SimulatedTime()"
+
+
+def is_timed(trace):
+    """True if every message of ``trace`` has simulated times (the run had ``network=``)."""
+    return all(e.start is not None and e.end is not None for e in trace)
+
+
+def default_time_model(trace):
+    """``SimulatedTime()`` for a trace with simulated times, else ``StepTime()``.
+    (A trace without messages counts as timed: its computes carry their own times.)"""
+    return SimulatedTime() if is_timed(trace) else StepTime()
+
+
 def event_times(trace, time_model=None):
-    """``[(start, duration), ...]``, one pair per event of ``trace`` in order."""
-    model = StepTime() if time_model is None else time_model
+    """``[(start, duration), ...]``, one pair per event of ``trace`` in order.
+    ``time_model=None``: the simulated times if the trace has them, else ``StepTime()``."""
+    model = default_time_model(trace) if time_model is None else time_model
     if hasattr(model, "times"):
         times = list(model.times(trace))
     elif callable(model):
@@ -125,65 +160,265 @@ def _lanes(slices):
 def to_chrome_trace(trace, time_model=None, *, flows=True):
     """The trace in Chrome's Trace Event format: ``{"traceEvents": [...]}``.
 
-    One process per rank (named ``rank r``) with a ``calls`` track for the
-    collective calls (spans), a ``send`` track and a ``recv`` track (extra
-    ``send 2``/``recv 2`` lanes only if a time model makes slices overlap).
-    One complete ("X") slice per send and per receive, with step, chunk, op and
-    bytes as args; ``flows=True`` adds an arrow from each send to its receive.
-    Times are microseconds, as the format wants.
+    One process per rank (named ``rank r``) with these tracks (threads):
+
+    - ``calls``: the collective calls (spans) of the program;
+    - ``compute``: its ``comm.compute`` slices (only if it has any);
+    - ``stream 1 calls``, ``stream 1 compute``: the same for the works started
+      with ``comm.start``, which run beside the program (only if there are any);
+    - ``send`` and ``recv``: one slice per message (extra ``send 2``/``recv 2``
+      lanes only if a time model makes slices overlap).
+
+    Messages carry step, chunk, op, bytes, span, tag, group and stream as args;
+    ``flows=True`` adds an arrow from each send to its receive. Times are
+    microseconds, as the format wants. ``time_model=None``: the simulated times
+    when the run had a network model (spans then run from ``t_start`` to
+    ``t_end``), else ``StepTime()``. Compute slices always sit at their
+    simulated seconds.
     """
-    times = event_times(trace, time_model)
+    model = default_time_model(trace) if time_model is None else time_model
+    times = event_times(trace, model)
     us = 1e6
     out, meta = [], []
     pid = {r: r + 1 for r in range(trace.world_size)}   # pid 0 means "idle" to some viewers
-    per_rank = defaultdict(lambda: {"send": [], "recv": []})
+    if isinstance(model, SimulatedTime):     # the simulator's own clock: exact
+        spans = [(sp, sp.t_start, sp.t_end) for sp in trace.spans]
+    else:                                    # spans follow the modelled message times
+        spans = span_times(trace, times)
+    # Every slice of a rank, by track: (start, dur, what) with what = an event index,
+    # a Span or a Compute.
+    tracks = defaultdict(lambda: defaultdict(list))
     for i, (e, (start, dur)) in enumerate(zip(trace, times)):
-        per_rank[e.src]["send"].append((start, dur, i))
-        per_rank[e.dst]["recv"].append((start, dur, i))
-    track = {}                    # (rank, "send"/"recv", event index) -> tid
+        tracks[e.src]["send"].append((start, dur, i))
+        tracks[e.dst]["recv"].append((start, dur, i))
+    for sp, t0, t1 in spans:
+        tracks[sp.rank]["stream 1 calls" if sp.stream else "calls"].append((t0, t1 - t0, sp))
+    for c in trace.computes:
+        tracks[c.rank]["stream 1 compute" if c.stream else "compute"].append((c.start, c.duration, c))
+    where = {}                 # (rank, track, index in that track) -> tid
     for r in range(trace.world_size):
         p = pid[r]
         meta += [_meta("process_name", p, 0, name=f"rank {r}"),
                  _meta("process_sort_index", p, 0, sort_index=r),
-                 _meta("thread_name", p, p * 1000, name="calls")]
+                 _meta("thread_name", p, p * 1000, name="calls"),
+                 _meta("thread_sort_index", p, p * 1000, sort_index=p * 1000)]
         tid = p * 1000 + 1
-        for kind in ("send", "recv"):
-            lanes, count = _lanes(per_rank[r][kind])
+        for kind in ("calls", "compute", "stream 1 calls", "stream 1 compute", "send", "recv"):
+            mine = tracks[r][kind]
+            if kind == "calls":     # the program's spans nest: one track, as before
+                where.update({(r, kind, j): p * 1000 for j in range(len(mine))})
+                continue
+            lanes, count = _lanes(mine)
             for k in range(count):
                 meta.append(_meta("thread_name", p, tid + k, name=kind if k == 0 else f"{kind} {k + 1}"))
                 meta.append(_meta("thread_sort_index", p, tid + k, sort_index=tid + k))
-            for j, (_, _, i) in enumerate(per_rank[r][kind]):
-                track[r, kind, i] = tid + lanes[j]
+            where.update({(r, kind, j): tid + lanes[j] for j in range(len(mine))})
             tid += count
+    message_tid = {}
+    for r, kinds in tracks.items():
+        for kind in ("send", "recv"):
+            for j, (_, _, i) in enumerate(kinds[kind]):
+                message_tid[r, kind, i] = where[r, kind, j]
     for i, (e, (start, dur)) in enumerate(zip(trace, times)):
         args = {"step": e.step, "src": e.src, "dst": e.dst, "chunk": _jsonable(e.chunk),
-                "op": e.op, "bytes": e.nbytes, "span": e.span, "tag": e.tag}
+                "op": e.op, "bytes": e.nbytes, "span": e.span, "tag": e.tag,
+                "group": _jsonable(e.group), "stream": e.stream}
         what = "" if e.chunk is None else f" c{e.chunk}"
         for kind, rank, peer in (("send", e.src, f"→ {e.dst}"), ("recv", e.dst, f"← {e.src}")):
             out.append({"name": f"{kind}{what} {peer}", "cat": kind, "ph": "X", "ts": start * us,
-                        "dur": dur * us, "pid": pid[rank], "tid": track[rank, kind, i], "args": args})
+                        "dur": dur * us, "pid": pid[rank], "tid": message_tid[rank, kind, i],
+                        "args": args})
         if flows:   # an arrow in the viewer from the send slice to the receive slice
             common = {"name": "message", "cat": "message", "id": i, "ts": start * us}
-            out.append({**common, "ph": "s", "pid": pid[e.src], "tid": track[e.src, "send", i]})
-            out.append({**common, "ph": "f", "bp": "e", "pid": pid[e.dst], "tid": track[e.dst, "recv", i]})
-    for sp, t0, t1 in span_times(trace, times):
-        out.append({"name": sp.name, "cat": "span", "ph": "X", "ts": t0 * us, "dur": (t1 - t0) * us,
-                    "pid": pid[sp.rank], "tid": pid[sp.rank] * 1000,
-                    "args": {"path": sp.path, "rank": sp.rank, "start_step": sp.start, "end_step": sp.end}})
+            out.append({**common, "ph": "s", "pid": pid[e.src], "tid": message_tid[e.src, "send", i]})
+            out.append({**common, "ph": "f", "bp": "e", "pid": pid[e.dst],
+                        "tid": message_tid[e.dst, "recv", i]})
+    for r, kinds in tracks.items():
+        for kind in ("calls", "stream 1 calls", "compute", "stream 1 compute"):
+            for j, (t0, dur, x) in enumerate(kinds[kind]):
+                if kind.endswith("calls"):
+                    name, cat = x.name, "span"
+                    args = {"path": x.path, "rank": x.rank, "start_step": x.start,
+                            "end_step": x.end, "group": _jsonable(x.group), "stream": x.stream}
+                else:
+                    name, cat = x.label, "compute"
+                    args = {"rank": x.rank, "step": x.step, "stream": x.stream,
+                            **{k: _jsonable(v) for k, v in x.meta}}
+                out.append({"name": name, "cat": cat, "ph": "X", "ts": t0 * us, "dur": dur * us,
+                            "pid": pid[r], "tid": where[r, kind, j], "args": args})
     # Per track in time order; at equal times the longer slice first, so that an
     # enclosing slice (a span) comes before what it encloses, and a flow after its slice.
     order = {"X": 0, "s": 1, "f": 1}
     out.sort(key=lambda ev: (ev["pid"], ev["tid"], ev["ts"], order[ev["ph"]], -ev.get("dur", 0)))
     return {"traceEvents": meta + out, "displayTimeUnit": "ms",
             "otherData": {"world_size": trace.world_size, "steps": trace.steps,
-                          "time_model": repr(time_model or StepTime())}}
+                          "time_model": repr(model)}}
 
 
 def _meta(what, pid, tid, **args):
     return {"name": what, "ph": "M", "ts": 0, "pid": pid, "tid": tid, "args": args}
 
 
-def _jsonable(chunk):
-    if hasattr(chunk, "item"):          # a numpy integer used as a chunk label
-        chunk = chunk.item()
-    return chunk if chunk is None or isinstance(chunk, (int, float, str, bool)) else repr(chunk)
+def _jsonable(label):
+    """A chunk label, group label or meta value as JSON: a group's tuple of ranks
+    becomes a list, anything else unusual its repr."""
+    if hasattr(label, "item"):          # a numpy number used as a label
+        label = label.item()
+    if isinstance(label, tuple) and all(isinstance(v, int) for v in label):
+        return list(label)
+    return label if label is None or isinstance(label, (int, float, str, bool)) else repr(label)
+
+
+# -- the per-rank timeline (Gantt chart) --------------------------------------------------
+
+# Compute in cool colours, messages in warm ones, so the two never get confused.
+COMPUTE_COLOURS = ["#4e79a7", "#59a14f", "#76b7b2", "#b07aa1", "#9c755f", "#bab0ac",
+                   "#86bcb6", "#8cd17d", "#a0cbe8", "#d4a6c8"]
+COMM_COLOURS = ["#f28e2b", "#e15759", "#edc948", "#ff9da7", "#d37295", "#fabfd2", "#b6992d"]
+NO_SPAN = "point-to-point"       # the legend's name for messages sent outside any collective
+
+
+def gantt_bars(trace, *, color_by="label", time_model=None):
+    """What ``plot_gantt`` draws, one dict per bar, in seconds:
+    ``rank``, ``kind`` (``"compute"``, ``"send"`` or ``"recv"``), ``stream``,
+    ``start``, ``end``, ``key`` (its legend entry) and ``text`` (written in the bar).
+
+    A compute bar's key is its label, or with ``color_by="microbatch"`` (any meta
+    key) ``"microbatch 3"``; a compute without that key keeps its label. A message
+    gives two bars, one on the sender's send port and one on the receiver's
+    receive port, keyed by its innermost collective (``NO_SPAN`` outside any).
+    """
+    bars = []
+    for c in trace.computes:
+        if color_by == "label":
+            key, text = c.label, c.label
+        elif color_by in dict(c.meta):
+            value = c.get(color_by)
+            key, text = f"{color_by} {value}", str(value)
+        else:
+            key, text = c.label, c.label
+        bars.append(dict(rank=c.rank, kind="compute", stream=c.stream, start=c.start, end=c.end,
+                         key=key, text=text))
+    for e, (start, dur) in zip(trace, event_times(trace, time_model)):
+        key = e.span.rsplit("/", 1)[-1] or NO_SPAN
+        for kind, rank in (("send", e.src), ("recv", e.dst)):
+            bars.append(dict(rank=rank, kind=kind, stream=e.stream, start=start, end=start + dur,
+                             key=key, text=""))
+    return bars
+
+
+def _time_unit(seconds):
+    """A readable unit for a span of ``seconds``: (factor, name)."""
+    if seconds < 1e-3:
+        return 1e6, "µs"
+    if seconds < 1:
+        return 1e3, "ms"
+    return 1.0, "s"
+
+
+def plot_gantt(trace, ax=None, *, color_by="label", ranks=None, title=None, time_model=None):
+    """A per-rank timeline: time to the right, one band per rank (rank 0 on top).
+
+    Each band has a ``compute`` lane (``comm.compute`` bars, coloured by label or
+    by a meta key: ``color_by="microbatch"``), a ``stream 1`` lane if works
+    started with ``comm.start`` compute, and a ``send``/``recv`` lane pair: the
+    rank's two ports in the one-port model, each busy with at most one message at
+    a time. A message is a thin bar on its sender's send port and its receiver's
+    receive port, coloured by its collective; hatched if it travels on the
+    communication stream (``comm.start``). The dashed line is the makespan.
+
+    Times: the simulated seconds of a run with ``network=``; for an untimed
+    trace ``StepTime()`` (one step = 1 ms), or pass ``time_model``.
+    ``ranks``: which ranks to draw (default all). Returns the Axes.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
+
+    model = default_time_model(trace) if time_model is None else time_model
+    bars = gantt_bars(trace, color_by=color_by, time_model=model)
+    ranks = list(range(trace.world_size)) if ranks is None else list(ranks)
+    shown = set(ranks)
+    bars = [b for b in bars if b["rank"] in shown]
+    end = max([b["end"] for b in bars] + [trace.time if set(ranks) == set(range(trace.world_size))
+                                          else 0.0], default=0.0) or 1e-3
+
+    # Lanes: y positions, rank 0 on top. A lane is 1 unit tall; ranks 0.6 apart.
+    lanes = ["compute"] if any(b["kind"] == "compute" for b in bars) else []
+    if any(b["kind"] == "compute" and b["stream"] for b in bars):
+        lanes.append("stream 1")
+    lanes += ["send", "recv"]
+    band = len(lanes) + 0.6
+    lane_y = {(r, lane): i * band + j for i, r in enumerate(ranks) for j, lane in enumerate(lanes)}
+
+    if ax is None:
+        height = min(9.0, 1.1 + 0.24 * band * len(ranks))
+        fig, ax = plt.subplots(figsize=(8.0, height))
+        fig.subplots_adjust(left=1.15 / 8.0, right=1 - 1.9 / 8.0, bottom=0.5 / height,
+                            top=1 - 0.35 / height)
+
+    def colours(keys, palette):
+        return {k: palette[i % len(palette)] for i, k in enumerate(keys)}
+    compute_keys = list(dict.fromkeys(b["key"] for b in sorted(bars, key=lambda b: b["start"])
+                                      if b["kind"] == "compute"))
+    if color_by != "label":       # microbatch 0, 1, 2, ... in numeric order
+        compute_keys.sort(key=lambda k: (not k.startswith(color_by + " "), _natural(k)))
+    comm_keys = list(dict.fromkeys(b["key"] for b in sorted(bars, key=lambda b: b["start"])
+                                   if b["kind"] != "compute"))
+    colour = {**colours(compute_keys, COMPUTE_COLOURS), **colours(comm_keys, COMM_COLOURS)}
+
+    for b in bars:
+        if b["kind"] == "compute":
+            y, h = lane_y[b["rank"], "stream 1" if b["stream"] else "compute"], 0.8
+        else:
+            y, h = lane_y[b["rank"], b["kind"]], 0.55      # thinner: a port, not the rank's work
+        rect = ax.barh(y, b["end"] - b["start"], left=b["start"], height=h, color=colour[b["key"]],
+                       edgecolor="white", linewidth=1.0,    # white gaps between back-to-back bars
+                       hatch="////" if b["kind"] != "compute" and b["stream"] else None,
+                       hatchcolor=(1, 1, 1, 0.7), zorder=2)[0]
+        rect.set_gid(b["kind"])
+        if b["text"] and b["end"] - b["start"] >= 0.05 * end:
+            txt = ax.text((b["start"] + b["end"]) / 2, y, b["text"], ha="center", va="center",
+                          fontsize=7, color="white", zorder=3)
+            txt.set_clip_path(rect)         # never spill over a short bar
+
+    # The makespan: when the last rank is done.
+    ax.axvline(end, color="0.35", ls="--", lw=0.9, zorder=1)
+    scale, unit = _time_unit(end)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x * scale:g}"))
+    timed = isinstance(model, SimulatedTime)
+    ax.set_xlabel(f"simulated time ({unit})" if timed else f"time ({unit}; messages: {model!r})")
+    ax.set_xlim(0, end * 1.02)
+
+    # y: small lane names, and "rank r" further left.
+    ys = sorted(lane_y.items(), key=lambda kv: kv[1])
+    ax.set_yticks([y for _, y in ys], [lane for (_, lane), _ in ys], fontsize=7)
+    ax.tick_params(axis="y", length=0)
+    for r in ranks:
+        middle = (lane_y[r, lanes[0]] + lane_y[r, lanes[-1]]) / 2
+        ax.annotate(f"rank {r}", xy=(0, middle), xycoords=("axes fraction", "data"),
+                    xytext=(-42, 0), textcoords="offset points", ha="right", va="center",
+                    fontsize=9, fontweight="bold")
+    ax.set_ylim(lane_y[ranks[-1], lanes[-1]] + 0.7, -0.7)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    ax.grid(axis="x", color="0.92", zorder=0)
+    ax.set_axisbelow(True)
+
+    handles = [Patch(color=colour[k], label=k) for k in compute_keys + comm_keys]
+    if any(b["kind"] != "compute" and b["stream"] for b in bars):
+        handles.append(Patch(facecolor="0.6", edgecolor="white", hatch="////", hatchcolor="white",
+                             label="comm.start stream"))
+    if handles:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8,
+                  frameon=False)
+    scale_t, unit_t = _time_unit(trace.time or end)
+    ax.set_title(title or f"Timeline: {len(ranks)} ranks, "
+                          f"{(trace.time or end) * scale_t:.4g} {unit_t}", fontsize=10)
+    return ax
+
+
+def _natural(text):
+    """Sort key: "microbatch 10" after "microbatch 9"."""
+    head, _, tail = text.rpartition(" ")
+    return (head, 0, float(tail), "") if tail.replace(".", "", 1).lstrip("-").isdigit() else (head, 1, 0, tail)

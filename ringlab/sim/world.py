@@ -424,6 +424,10 @@ class World:
         self.computes.append(Compute(me.rank, label, me.time, me.time + seconds, me.clock,
                                      me.stream, tuple(sorted(meta.items()))))
         me.time += seconds
+        # Let the actors this compute ran past (a work started before it, say) run
+        # first: so Python runs side effects in simulated-time order, and a work
+        # started before a buffer is written sends the buffer as it was then.
+        self._sync(me)
 
     def _span(self, me, path, start, t_start, group):
         return Span(me.rank, path, start, me.clock, group, me.stream, t_start, me.time)

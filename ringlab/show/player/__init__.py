@@ -62,7 +62,11 @@ def player_data(trace, *, layout_kind=None, title=None, detail_limit=DETAIL_LIMI
     """Everything the JavaScript draws, as JSON-ready Python data.
 
     ``events``: ``[step, src, dst, chunk index, op index, nbytes, span index]``
-    (index -1 = none) into ``chunks``, ``ops``, ``spans``. ``holdings``: None for an
+    (index -1 = none) into ``chunks``, ``ops``, ``spans``; ``eventGroups[i]``:
+    the index into ``groups`` (labels as text) of event i's group, -1 for the
+    whole world. ``computes``: ``[step, rank, label index, seconds, stream]``, one
+    per ``comm.compute``, with labels in ``computeLabels``; ``step`` is the
+    rank's step clock when it began, so the player shows it after that step. ``holdings``: None for an
     unlabelled trace (``note`` says why); ``mode="detail"`` with ``start`` (one hex
     bit mask of contributing ranks per rank x chunk) and, for each step, the
     cells that changed ``[rank, chunk index, mask]``; or ``mode="aggregate"`` with
@@ -80,11 +84,23 @@ def player_data(trace, *, layout_kind=None, title=None, detail_limit=DETAIL_LIMI
     si = {s: i for i, s in enumerate(spans)}
     events = [[e.step, e.src, e.dst, ci.get(e.chunk, -1), oi.get(e.op, -1), e.nbytes, si[e.span]]
               for e in trace]
+    groups = [_group(g) for g in dict.fromkeys(e.group for e in trace if e.group is not None)]
+    gi = {g: i for i, g in enumerate(groups)}
+    labels = sorted({c.label for c in trace.computes})
+    li = {lab: i for i, lab in enumerate(labels)}
+    computes = [[c.step, c.rank, li[c.label], c.duration, c.stream] for c in trace.computes]
     held, note = _holdings(trace, chunks, detail_limit)
     return {"worldSize": n, "steps": trace.steps, "title": title or _title(trace),
             "layout": layout(trace, layout_kind), "detailLimit": detail_limit,
             "chunks": [_label(c) for c in chunks], "ops": ops, "spans": spans,
-            "events": events, "holdings": held, "note": note}
+            "events": events, "holdings": held, "note": note,
+            "groups": groups, "eventGroups": [gi.get(_group(e.group), -1) for e in trace],
+            "computes": computes, "computeLabels": labels}
+
+
+def _group(label):
+    """A group's label as the player writes it: its name, or its ranks "0,1"."""
+    return None if label is None else (",".join(map(str, label)) if isinstance(label, tuple) else str(label))
 
 
 def _sort_key(c):     # numbers in numeric order (0, 1, ..., 10), then any other labels

@@ -62,10 +62,18 @@
     this.step = 0;
     this.timer = null;
     this.speed = 1;
-    // Events grouped by step; event = [step, src, dst, chunk index, op index, bytes, span index]
+    // Events grouped by step; event = [step, src, dst, chunk index, op index, bytes, span index,
+    // group index (-1: the whole world)]. Compute events too, by the step after which they run.
     this.byStep = [];
-    for (var s = 0; s <= data.steps; s++) this.byStep.push([]);
-    data.events.forEach(function (e) { this.byStep[e[0]].push(e); }, this);
+    this.computesByStep = [];
+    for (var s = 0; s <= data.steps; s++) { this.byStep.push([]); this.computesByStep.push([]); }
+    var groupOf = data.eventGroups || [];
+    data.events.forEach(function (e, i) {
+      this.byStep[e[0]].push(e.concat([groupOf[i] === undefined ? -1 : groupOf[i]]));
+    }, this);
+    (data.computes || []).forEach(function (c) {
+      this.computesByStep[Math.min(c[0], data.steps)].push(c);
+    }, this);
     this.states = this.replay();
     this.moveOnly = !!data.holdings && data.holdings.mode === "detail" && data.ops.length > 0 &&
       data.ops.every(function (op) { return op === "copy"; });
@@ -145,6 +153,7 @@
     });
 
     this.cells = [];
+    this.badges = [];
     var nodes = svg("g", { "class": "rlp-ranks" }, s);
     centres.forEach(function (c, r) {
       var g = svg("g", { "class": "rlp-rank", "data-rank": r,
@@ -164,6 +173,9 @@
         mine.push({ rect: rect, tip: tip, label: label });
       }
       self.cells.push(mine);
+      // What the rank computes after this step (comm.compute), under its box.
+      self.badges.push(svg("text", { x: boxW / 2, y: boxH + 12, "class": "rlp-compute",
+                                     "font-size": 10 }, g));
     });
     this.arrows = svg("g", { "class": "rlp-arrows" }, s);
     this.buildControls();
@@ -233,6 +245,8 @@
       key.style.color = this.colours[i];
     }, this);
     if (mode === "detail") el("span", { "class": "rlp-hint" }, legend, "dashed: chunk sent; thick: chunk received");
+    if (d.computes && d.computes.length) el("span", { "class": "rlp-hint" }, legend, "⚙ under a rank: it computes after this step");
+    if (d.groups && d.groups.length) el("span", { "class": "rlp-hint" }, legend, "[group]: the process group a message is in");
   };
 
   Player.prototype.show = function (step) {
@@ -243,6 +257,7 @@
     this.stepText.textContent = "step " + step + " / " + d.steps;
     this.paintCells(step);
     this.drawArrows(step);
+    this.drawComputes(step);
     this.describe(step);
   };
 
@@ -320,6 +335,31 @@
     });
   };
 
+  // Simulated seconds, readably: 0.002 -> "2 ms".
+  function seconds(t) {
+    if (t >= 1) return +t.toPrecision(3) + " s";
+    if (t >= 1e-3) return +(t * 1e3).toPrecision(3) + " ms";
+    return +(t * 1e6).toPrecision(3) + " µs";
+  }
+
+  // "backward 2 ms" (and "on stream 1" for a compute inside a comm.start work).
+  Player.prototype.computeText = function (c) {
+    return this.d.computeLabels[c[2]] + " " + seconds(c[3]) + (c[4] ? " on stream 1" : "");
+  };
+
+  // Under each rank box: what it computes after this step; at most two named, then a count.
+  Player.prototype.drawComputes = function (step) {
+    var self = this, mine = this.badges.map(function () { return []; });
+    this.computesByStep[step].forEach(function (c) { mine[c[1]].push(c); });
+    this.badges.forEach(function (badge, r) {
+      var list = mine[r], total = list.reduce(function (t, c) { return t + c[3]; }, 0);
+      badge.textContent = !list.length ? "" : "⚙ " + (list.length <= 2 ?
+        list.map(function (c) { return self.computeText(c); }).join(" + ") :
+        list.length + " computes, " + seconds(total));
+      badge.setAttribute("data-computes", list.length);
+    });
+  };
+
   // "rank 0 → rank 1: chunk 3, reduce, 16 B, ring_allreduce" (the span only if
   // the trace has several, as the title already names a single one).
   Player.prototype.messageText = function (e) {
@@ -328,7 +368,8 @@
     if (e[4] >= 0) parts.push(d.ops[e[4]]);
     parts.push(e[5] + " B");
     if (d.spans.length > 1 && d.spans[e[6]]) parts.push(d.spans[e[6]]);
-    return "rank " + e[1] + " → rank " + e[2] + ": " + parts.join(", ");
+    var group = e[7] >= 0 ? " [group " + d.groups[e[7]] + "]" : "";
+    return "rank " + e[1] + " → rank " + e[2] + group + ": " + parts.join(", ");
   };
 
   Player.prototype.describe = function (step) {
@@ -345,6 +386,9 @@
     while (this.list.firstChild) this.list.removeChild(this.list.firstChild);
     events.slice(0, MAX_LISTED).forEach(function (e) { el("li", {}, self.list, self.messageText(e)); });
     if (events.length > MAX_LISTED) el("li", {}, this.list, "… and " + (events.length - MAX_LISTED) + " more");
+    this.computesByStep[step].slice(0, MAX_LISTED).forEach(function (c) {
+      el("li", { "class": "rlp-compute-item" }, self.list, "rank " + c[1] + " computes " + self.computeText(c));
+    });
   };
 
   Player.prototype.play = function () {
