@@ -45,11 +45,11 @@ class AlphaBeta:
         """Every step that has messages costs ``alpha + beta * b``, with ``b`` the
         largest message of that step; steps run one after another. For a ring
         AllReduce of ``n`` bytes (divisible by N): ``2(N-1) alpha + 2(N-1)/N n beta``."""
-        return sum(self.message(b) for b in _step_bytes(trace).values())
+        return sum(self.message(b) for b in step_bytes(trace).values())
 
     def times(self, trace):
         """``(start, duration)`` of every event, steps one after another (see ``lockstep_time``)."""
-        busiest = _step_bytes(trace)
+        busiest = step_bytes(trace)
         start, t = {}, 0.0
         for s in range(1, trace.steps + 1):
             start[s] = t
@@ -77,8 +77,9 @@ class Ports:
         return start, end
 
 
-def _step_bytes(trace):
-    """``{step: bytes}``: per step, the most bytes one rank sends or receives in it."""
+def step_bytes(trace):
+    """``{step: bytes}``: per step, the most bytes one rank sends or receives in
+    it (its port is busy that long)."""
     out = {}
     for s, events in trace.by_step().items():
         sent, received = {}, {}

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import html
 
+from ..cost.alpha_beta import AlphaBeta, step_bytes  # noqa: F401 - step_bytes is a view too
+
 #: What the receiver does with a labelled chunk: add it in, or overwrite.
 OPS = ("reduce", "copy")
 
@@ -163,19 +165,6 @@ class HoldingsTable:
                 f"<thead>{head}</thead><tbody>{''.join(body)}</tbody></table>")
 
 
-def step_bytes(trace):
-    """``{step: bytes}``: per step, the largest number of bytes one rank sends
-    or receives in that step (its port is busy that long)."""
-    out = {}
-    for s, events in trace.by_step().items():
-        sent, received = {}, {}
-        for e in events:
-            sent[e.src] = sent.get(e.src, 0) + e.nbytes
-            received[e.dst] = received.get(e.dst, 0) + e.nbytes
-        out[s] = max(max(sent.values()), max(received.values()))
-    return out
-
-
 def alpha_beta_time(trace, alpha, beta):
     """Time of a trace in the alpha-beta model: each step ``s`` that has
     messages costs ``alpha + beta * step_bytes(trace)[s]``.
@@ -183,5 +172,4 @@ def alpha_beta_time(trace, alpha, beta):
     For a ring AllReduce of ``n`` bytes with ``n`` divisible by N this is
     ``2(N-1) alpha + 2(N-1)/N n beta``.
     """
-    from ..cost.alpha_beta import AlphaBeta
     return AlphaBeta(alpha, beta).lockstep_time(trace)
