@@ -377,7 +377,9 @@ def plot_gantt(trace, ax=None, *, color_by="label", ranks=None, title=None, time
                        hatch="////" if b["kind"] != "compute" and b["stream"] else None,
                        hatchcolor=(1, 1, 1, 0.7), zorder=2)[0]
         rect.set_gid(b["kind"])
-        if b["text"] and b["end"] - b["start"] >= 0.05 * end:
+        # A label only where it fits: at 7 pt a character takes about 1.2% of
+        # the axis width (8 in figure); a clipped label reads as noise.
+        if b["text"] and b["end"] - b["start"] >= 0.012 * (len(b["text"]) + 1) * end:
             txt = ax.text((b["start"] + b["end"]) / 2, y, b["text"], ha="center", va="center",
                           fontsize=7, color="white", zorder=3)
             txt.set_clip_path(rect)         # never spill over a short bar
