@@ -209,3 +209,20 @@ def test_group_deadlock_is_found_and_names_global_ranks():
         with pytest.raises(ringlab.DeadlockError) as err:
             ringlab.run(both_receive, [np.ones(1)] * 3, backend=backend, timeout=20)
         assert sorted(err.value.waiting) == [1, 2], backend
+
+
+def test_gpu_framing_in_groups():
+    # The NCCL code path of wire.py (header, then exact payload; sendrecv as
+    # batch_isend_irecv), on the CPU, over the groups' process groups.
+    def framed(comm, x):
+        import torch
+        from ringlab.backends.torch import protocol, wire
+        world = protocol.current_world
+        world.device = torch.device("cpu")
+        world.wire = wire.Wire(device=world.device)
+        return mesh_allreduce(comm, x)[:2]
+    xs = [np.arange(4.0) * (r + 1) for r in range(4)]
+    sim = ringlab.run(mesh_allreduce, xs)
+    real = ringlab.run(framed, xs, backend="torch")
+    assert all(_same(a[:2], b) for a, b in zip(sim.outputs, real.outputs))
+    assert real.trace == sim.trace

@@ -22,8 +22,18 @@ eager limit.) One exception, ``ProcessComm.sendrecv``: it sends the array
 without a copy and returns once the peer has it, as ``MPI_Sendrecv`` does.
 
 Receives are posted lazily: ``irecv`` only queues a request, and ``wait``
-receives the messages of that (src, tag) channel in order up to it. That is
-enough because sends never wait for receives.
+receives the messages of that channel in order up to it. That is enough
+because sends never wait for receives. A channel is (group label, stream,
+global peer, tag): each group has its own process groups (see ``ProcessWorld``).
+
+``comm.start`` works run on a thread per group; ``barrier``/``split`` and the
+check of ``new_group`` calls use ``dist.all_gather_object`` (no messages in the
+trace, as in the simulator). ``recv_any`` takes whichever message really comes
+first, so unlike the simulator's its choice depends on timing.
+
+Live clocks (``comm.step``) are causal stamps: the one-port steps (in the
+trace) come from replaying each rank's log in the simulator (``sim.replay``),
+since a step depends on the receiver's port, which the sender can't know.
 """
 
 from __future__ import annotations
