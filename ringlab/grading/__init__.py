@@ -26,6 +26,8 @@ GRADERS = {
     "alltoall": "exercises.collectives.alltoall",
     "ring_alltoall": "exercises.collectives.ring_alltoall",
     "fix_ring_allgather": "exercises.collectives.fix_ring_allgather",
+    "sync_sgd_step": "exercises.data_parallel.sync_sgd_step",
+    "bucketed_grad_sync": "exercises.data_parallel.bucketed_grad_sync",
 }
 
 

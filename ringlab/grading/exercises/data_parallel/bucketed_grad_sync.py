@@ -1,0 +1,239 @@
+"""Grader for exercise ``bucketed_grad_sync``: DDP's gradient buckets, overlapped.
+
+Signature: ``bucketed_grad_sync(comm, params, backward, cap_bytes) -> {name: gradient}``.
+
+``params``: ``{name: array}`` in forward (registration) order, "0.weight",
+"0.bias", "1.weight", ...; only their sizes matter (they plan the buckets).
+``backward``: an iterator standing in for autograd's hooks; each ``next()``
+runs one layer's backward, last layer first (a ``comm.compute`` event), and
+gives ``{name: gradient}`` for that layer's parameters. Return every
+parameter's gradient averaged over the ranks.
+
+Buckets as in ``ringlab.data_parallel.buckets.assign_buckets``: walk the
+parameters in reverse order, add each to the open bucket, close it as soon as
+it holds ``cap_bytes`` or more. Each bucket is AllReduced with
+``comm.start(ringlab.collectives.ring_allreduce, ...)`` as soon as its last
+gradient is ready, buckets in order.
+
+Checks, world sizes 2 to 8, hidden layer sizes and caps, on a network where an
+AllReduce is much shorter than a layer's backward:
+
+1. it runs: no exception, deadlock or unreceived message;
+2. it returns a dict with every parameter's name and shape;
+3. the averaged gradients are exact on every rank (the hidden gradients are
+   whole multiples of P, so every summation order gives the same numbers);
+   diagnosed: no communication, summed not averaged, averaged twice, a bucket
+   sent before its gradients were in it;
+4. every AllReduce runs on the communication stream (``comm.start``), none in
+   the program itself (that would stop backward while it runs);
+5. the buckets: their number, sizes and order (reverse layer order; each
+   closed once it reaches the cap), read from the trace's AllReduce calls;
+6. overlap, from the simulated times: every bucket but the last (more
+   precisely: every bucket without a gradient of layer 0, which is ready only
+   when backward ends) starts its AllReduce before backward ends, and backward never waits for the network
+   (each layer's backward starts when the one before it ends).
+
+On ``backend="torch"`` checks 5-6 are skipped (they read simulated times).
+"""
+
+import functools
+
+import numpy as np
+
+from ...report import Case, Failure, run_case
+from ....cost.alpha_beta import AlphaBeta
+from ....data_parallel.buckets import assign_buckets
+
+NAME = "bucketed_grad_sync"
+NETWORK = AlphaBeta(alpha=1e-6, beta=1e-9)   # an AllReduce here: ~10 us; a layer: >= 1 ms
+
+
+def cases(rng):
+    # (world size, layers, how the cap compares with the tensors)
+    for p, layers, cap_kind in ((4, 5, "mid"), (2, 4, "mid"), (3, 6, "small"), (8, 5, "mid"),
+                                (5, 4, "large"), (4, 7, "mid"), (6, 3, "tiny")):
+        widths = [int(w) for w in rng.choice(np.arange(2, 14), size=layers + 1, replace=False)]
+        shapes = []
+        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+            shapes += [(f"{i}.weight", (a, b)), (f"{i}.bias", (b,))]
+        nbytes = [8 * int(np.prod(s)) for _, s in shapes]
+        cap = {"tiny": 8, "small": min(nbytes[2:]) + 8, "mid": int(sum(nbytes) // 3.5),
+               "large": 10 * sum(nbytes)}[cap_kind]
+        seconds = [float(t) for t in rng.choice([1e-3, 2e-3, 3e-3], size=layers)]
+        inputs = []
+        for _ in range(p):
+            # Whole multiples of P: the mean over ranks is exact in any summation order.
+            grads = {n: p * rng.integers(-50, 51, s).astype(np.float64) for n, s in shapes}
+            inputs.append(grads)
+        yield Case(p, inputs, f"world_size={p}, {layers} layers (widths {widths}), "
+                   f"cap_bytes={cap}", args=(cap, seconds),
+                   info=dict(shapes=shapes, cap=cap, seconds=seconds))
+
+
+def layer_backward(comm, grads, seconds):
+    """The hidden backward: layer by layer, last first; compute, then the layer's gradients."""
+    for i in reversed(range(len(seconds))):
+        comm.compute(seconds[i], "backward", layer=i)
+        yield {n: g.copy() for n, g in grads.items() if n.split(".")[0] == str(i)}
+
+
+def _train(comm, grads, cap, seconds, learner):
+    params = {n: np.zeros_like(g) for n, g in grads.items()}
+    return learner(comm, params, layer_backward(comm, grads, seconds), cap)
+
+
+def check(program, case, backend="sim"):
+    p, shapes = case.world_size, case.info["shapes"]
+    run = functools.partial(_train, learner=program)
+    kw = {"network": NETWORK} if backend == "sim" else {}
+    result, failure = run_case(run, case, backend, **kw)
+    if failure:
+        return failure
+    failure = _returned(result.outputs, case) or _values(result, case)
+    if failure or backend != "sim":
+        return failure
+    return _stream(result.trace, case) or _buckets(result.trace, case) or _overlap(result.trace, case)
+
+
+def _returned(outputs, case):
+    for r, out in enumerate(outputs):
+        if not isinstance(out, dict):
+            return Failure(case.label, "returns {name: averaged gradient}",
+                           f"rank {r} returned {type(out).__name__}",
+                           expected="a dict with every parameter's name",
+                           hint="Return a dict name -> averaged gradient, like model.named_grads().")
+        for name, shape in case.info["shapes"]:
+            if name not in out or np.shape(out[name]) != shape:
+                got = "nothing" if name not in out else f"shape {np.shape(out[name])}"
+                return Failure(case.label, "returns {name: averaged gradient}",
+                               f"rank {r}: gradient {name!r} is missing or has the wrong shape",
+                               expected=f"shape {shape}", got=got,
+                               hint="Unpack every bucket back into its parameters' shapes.")
+    return None
+
+
+def _values(result, case):
+    p = case.world_size
+    total = {n: sum(case.inputs[r][n] for r in range(p)) for n, _ in case.info["shapes"]}
+    mean = {n: t / p for n, t in total.items()}
+    for r, out in enumerate(result.outputs):
+        for name, _ in case.info["shapes"]:
+            got = np.asarray(out[name])
+            if np.array_equal(got, mean[name]):
+                continue
+            fail = Failure(case.label, "the averaged gradients are exact",
+                           f"rank {r}, gradient {name!r}: not the mean over the {p} ranks",
+                           expected=f"{mean[name].ravel()[:4]}...", got=f"{got.ravel()[:4]}...",
+                           hint="AllReduce every bucket, then divide by the world size once.")
+            if np.array_equal(got, case.inputs[r][name]) or np.array_equal(got, case.inputs[r][name] / p):
+                fail.what += ": it is this rank's own gradient (perhaps / P): no AllReduce"
+                fail.hint = "Every bucket must be AllReduced (comm.start(ring_allreduce, ...))."
+            elif np.array_equal(got, total[name]):
+                fail.what += ": it is the sum, not the mean"
+                fail.hint = "ring_allreduce sums; divide by comm.world_size once."
+            elif np.allclose(got, mean[name] / p):
+                fail.what += ": it is averaged twice (divided by P twice)"
+                fail.hint = "Divide by the world size once: before the AllReduce or after, not both."
+            elif np.any(got == 0) and not np.all(mean[name] == 0):
+                fail.what += ": some entries are 0, as if the bucket was sent before its gradient was in it"
+                fail.hint = ("Start a bucket's AllReduce only when its last gradient has been "
+                             "copied in: the AllReduce sends what the buffer holds then.")
+            return fail
+    return None
+
+
+def _stream(trace, case):
+    on_program = [e for e in trace if e.stream == 0]
+    if on_program:
+        e = on_program[0]
+        return Failure(case.label, "AllReduces run on the communication stream",
+                       f"at step {e.step} rank {e.src} sent rank {e.dst} a message from the "
+                       f"program itself, not from a work started with comm.start",
+                       expected="every message on stream 1 (comm.start)",
+                       hint="Launch each bucket's AllReduce with work = comm.start(ring_allreduce, "
+                            "bucket) and work.wait() only after backward: a direct call blocks "
+                            "backward until the AllReduce is done.")
+    return None
+
+
+def _calls(trace):
+    """The AllReduce calls on the communication stream, in start order: (elements, t_starts)."""
+    p = trace.world_size
+    rows = [r for r in trace.collectives() if r["span"] == "ring_allreduce"]
+    starts = {}
+    for s in trace.spans:
+        if s.path == "ring_allreduce" and s.stream == 1:
+            starts.setdefault(s.rank, []).append(s.t_start)
+    return [(row["bytes"] // (16 * (p - 1)), [starts[r][k] for r in range(p)])
+            for k, row in enumerate(rows)]
+
+
+def _buckets(trace, case):
+    info, p = case.info, case.world_size
+    params = {n: np.zeros(s) for n, s in info["shapes"]}
+    want = assign_buckets(params, info["cap"])
+    want_sizes = [sum(params[n].size for n in b) for b in want]
+    calls = _calls(trace)
+    got_sizes = [n for n, _ in calls]
+    if len(trace) and not calls:
+        return Failure(case.label, "buckets: reverse layer order, closed at the cap",
+                       "messages were sent, but no ring_allreduce call was found",
+                       hint="AllReduce each bucket with ringlab.collectives.ring_allreduce, so the "
+                            "trace shows one call per bucket.")
+    if got_sizes == want_sizes:
+        return None
+    forward = [sum(params[n].size for n in b)
+               for b in assign_buckets(dict(reversed(list(params.items()))), info["cap"])]
+    fail = Failure(case.label, "buckets: reverse layer order, closed at the cap",
+                   f"{len(calls)} bucket AllReduce(s) of {got_sizes} elements",
+                   expected=f"{len(want)} buckets of {want_sizes} elements: "
+                            + "; ".join(", ".join(b) for b in want),
+                   got=f"buckets of {got_sizes} elements")
+    if got_sizes == forward and forward != want_sizes:
+        fail.what += ": the buckets were filled in forward order"
+        fail.hint = ("Backward makes the last layer's gradients first: fill buckets walking the "
+                     "parameters in reverse (reversed(list(params))).")
+    elif len(calls) == len(params):
+        fail.what += ": one AllReduce per parameter"
+        fail.hint = "Pack parameters into a bucket until it holds cap_bytes or more."
+    elif len(calls) == 1:
+        fail.what += ": everything in one AllReduce"
+        fail.hint = "Close a bucket as soon as it holds cap_bytes or more, and start the next."
+    elif sum(got_sizes) == sum(want_sizes):
+        fail.hint = ("Close a bucket as soon as the bytes in it reach cap_bytes (>=), after adding "
+                     "the tensor that takes it there; not before (that leaves it under the cap).")
+    else:
+        fail.hint = "Every gradient must be AllReduced exactly once, in exactly one bucket."
+    return fail
+
+
+def _overlap(trace, case):
+    p, info = case.world_size, case.info
+    calls = _calls(trace)
+    # Buckets holding a gradient of layer 0 are ready only when backward ends
+    # (the last bucket, and with a tiny cap also the one before it): exempt.
+    params = {n: np.zeros(s) for n, s in info["shapes"]}
+    early = [not any(n.startswith("0.") for n in b) for b in assign_buckets(params, info["cap"])]
+    for r in range(p):
+        back = [c for c in trace.computes if c.rank == r and c.label == "backward" and not c.stream]
+        end = max(c.end for c in back)
+        for k, (size, starts) in enumerate(calls):
+            if early[k] and starts[r] >= end - 1e-12:
+                return Failure(
+                    case.label, "buckets overlap backward",
+                    f"rank {r}: bucket {k} ({size} elements) started its AllReduce at "
+                    f"{starts[r] * 1e3:.3f} ms, when backward had ended ({end * 1e3:.3f} ms)",
+                    expected="every bucket but the last starts while backward still runs",
+                    hint="Start each bucket's AllReduce inside the backward loop, as soon as its "
+                         "last gradient has arrived; wait for the works after the loop.")
+        for before, after in zip(back, back[1:]):
+            if after.start > before.end + 1e-12:
+                return Failure(
+                    case.label, "backward never waits for the network",
+                    f"rank {r}: layer {after.get('layer')}'s backward started at "
+                    f"{after.start * 1e3:.3f} ms, {(after.start - before.end) * 1e6:.1f} us after "
+                    f"layer {before.get('layer')}'s ended",
+                    expected="each layer's backward starts when the previous one ends",
+                    hint="Do not call work.wait() inside the backward loop: that waits for the "
+                         "AllReduce. Collect the works and wait after backward.")
+    return None
