@@ -1,0 +1,86 @@
+"""The cross-check: the same training with ``torch.nn.parallel.DistributedDataParallel``.
+
+``train_ddp(world_size, batches, sizes=..., seed=..., lr=...)`` spawns
+``world_size`` CPU processes (``torch.multiprocessing``, gloo; ``start_method="fork"`` is faster), builds in each
+the torch twin of ``ringlab.nn.mlp_model(sizes)`` with the same initial
+numbers, wraps it in DDP and trains it with ``torch.optim.SGD`` on the rank's
+shard of every batch. Returns rank 0's final parameters as one flat float64
+vector in ringlab's order and layout, so it compares directly with
+``ringlab.data_parallel.data_parallel_sgd``.
+
+DDP averages the gradients by dividing their sum by the world size, which is
+the mean over the batch only when every shard has the same size: use batches
+divisible by ``world_size``. Needs torch; importing this module does not.
+"""
+
+import os
+import tempfile
+
+import numpy as np
+
+from ..nn import mlp_model
+
+
+def torch_twin(sizes, seed):
+    """``mlp_model(sizes, default_rng(seed))`` as a float32 ``torch.nn.Sequential``:
+    Linear, GELU(tanh), ..., Linear. torch stores a Linear's weight as (out, in):
+    the transpose of ringlab's (in, out)."""
+    import torch
+
+    ours = mlp_model(sizes, np.random.default_rng(seed))
+    layers = []
+    for i, layer in enumerate(ours.layers):
+        if "weight" in layer.params:
+            lin = torch.nn.Linear(layer.in_features, layer.out_features)
+            with torch.no_grad():
+                lin.weight.copy_(torch.from_numpy(layer.params["weight"].T.copy()))
+                lin.bias.copy_(torch.from_numpy(layer.params["bias"]))
+            layers.append(lin)
+        else:
+            layers.append(torch.nn.GELU(approximate="tanh"))
+    return torch.nn.Sequential(*layers)
+
+
+def flat_params(model):
+    """A torch twin's parameters as ringlab's flat vector (weights transposed back)."""
+    out = []
+    for layer in model:
+        if hasattr(layer, "weight"):
+            out += [layer.weight.detach().double().numpy().T.ravel(),
+                    layer.bias.detach().double().numpy()]
+    return np.concatenate(out)
+
+
+def _worker(rank, world_size, init_file, batches, sizes, seed, lr, out_file):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world_size)
+    try:
+        model = DDP(torch_twin(sizes, seed))
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        for x, y in batches:
+            xs = torch.from_numpy(np.array_split(x, world_size)[rank]).float()
+            ys = torch.from_numpy(np.array_split(y, world_size)[rank]).float()
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(xs), ys).backward()   # DDP all-reduces here
+            opt.step()
+        if rank == 0:
+            np.save(out_file, flat_params(model.module))
+    finally:
+        dist.destroy_process_group()
+
+
+def train_ddp(world_size, batches, *, sizes, seed, lr, start_method="spawn"):
+    """Train with DDP on ``world_size`` gloo processes; rank 0's final parameters.
+    ``start_method="fork"`` starts faster (no fresh interpreter and torch import)."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file, out_file = os.path.join(tmp, "init"), os.path.join(tmp, "params.npy")
+        mp.start_processes(_worker, nprocs=world_size, join=True, start_method=start_method,
+                           args=(world_size, init_file, batches, sizes, seed, lr, out_file))
+        return np.load(out_file)
