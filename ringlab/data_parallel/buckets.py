@@ -74,7 +74,8 @@ def timed_backward(comm, model, x, y, flops_per_second, loss_fn=mse):
     shapes = []
     for i, layer in enumerate(model.layers):
         shapes.append(x.shape)
-        comm.compute(layer.flops(x.shape) / flops_per_second, "forward", layer=i)
+        if layer.flops(x.shape):               # GeLU & co.: no matmul, no time counted
+            comm.compute(layer.flops(x.shape) / flops_per_second, "forward", layer=i)
         x = layer.forward(x)
     _, dy = loss_fn(x, y)
 
@@ -82,7 +83,8 @@ def timed_backward(comm, model, x, y, flops_per_second, loss_fn=mse):
         for i in reversed(range(len(model.layers))):
             layer = model.layers[i]
             # Backward does two matmuls per forward one: dW = x^T dy and dx = dy W^T.
-            comm.compute(2 * layer.flops(shapes[i]) / flops_per_second, "backward", layer=i)
+            if layer.flops(shapes[i]):
+                comm.compute(2 * layer.flops(shapes[i]) / flops_per_second, "backward", layer=i)
             dy = layer.backward(dy)
             if layer.grads:
                 yield {f"{i}.{k}": g for k, g in layer.grads.items()}
