@@ -38,6 +38,7 @@ since a step depends on the receiver's port, which the sender can't know.
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 import time
@@ -158,7 +159,7 @@ class ProcessWorld:
 
     def start(self):
         """Collective, on every rank at the start: the world's stream process group."""
-        self.pgs[(None, 1)] = dist.new_group(list(range(self.world_size)), sort_ranks=False)
+        self.pgs[(None, 1)] = _new_group(list(range(self.world_size)))
 
     def _pg(self, comm):
         return self.pgs[(comm.group.label, comm._stream)]
@@ -336,9 +337,12 @@ class ProcessWorld:
         lane, me = self.lanes[comm._stream], comm._me
         lane.status.set(st.AGREE, -1, 0, me.clock)
         told = [None] * comm.world_size
-        dist.all_gather_object(told, value, group=self._pg(comm))
+        pg = self._pg(comm)
+        dist.all_gather_object(told, value, group=pg)
         lane.status.set(st.RUNNING, -1, 0, me.clock)
-        return told
+        # In the process group's rank order, which older torch sorts: put it in ours.
+        order = dist.get_process_group_ranks(pg) if pg is not None else list(range(self.world_size))
+        return [told[order.index(g)] for g in comm.group.ranks]
 
     def _agree(self, comm, value, what):
         me = comm._me
@@ -374,7 +378,7 @@ class ProcessWorld:
             label = f"{label}#{sum(1 for g in self.groups.values() if g.ranks == ranks) + 1}"
         group = self.groups[label] = Group(ranks, label, len(self.groups))
         for stream in (0, 1):
-            self.pgs[(label, stream)] = dist.new_group(list(ranks), sort_ranks=False)
+            self.pgs[(label, stream)] = _new_group(list(ranks))
         comm._me.log.append(("new_group", None, [comm._index[r] for r in ranks], name))
         return group
 
@@ -452,6 +456,15 @@ class ProcessWorld:
         for lane in self.lanes.values():
             while lane.in_flight:
                 self._retire_oldest(lane)
+
+
+def _new_group(ranks):
+    """``dist.new_group(ranks)``, in our rank order where torch can keep it
+    (``sort_ranks``, torch 2.13); older torch sorts the ranks. Messages name
+    global ranks, so only gathered lists depend on it (see ``_gather``)."""
+    if "sort_ranks" in inspect.signature(dist.new_group).parameters:
+        return dist.new_group(ranks, sort_ranks=False)
+    return dist.new_group(ranks)
 
 
 class ProcessComm(Comm):
