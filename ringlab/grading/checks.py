@@ -151,6 +151,26 @@ def broadcast_receives(trace, case, root, shape_hint=None):
     return None
 
 
+def broadcast_payloads(result, case):
+    """Every message of a broadcast carries the root's data exactly: its size
+    (x.nbytes) and its values, read from the recorded payloads."""
+    x = case.info["x"]
+    for e in result.trace:
+        p = result.payload(e) if result.payloads is not None else None
+        if e.nbytes != x.nbytes or (p is not None and not (
+                p.dtype == x.dtype and p.shape == x.shape and np.array_equal(p, x))):
+            empty = " (an empty message)" if e.nbytes == 0 else ""
+            return Failure(case.label, "every message carries the root's data",
+                           f"at step {e.step} rank {e.src} sent rank {e.dst} {e.nbytes} bytes{empty}, "
+                           f"shape {e.shape} {e.dtype}" + ("" if e.nbytes != x.nbytes else ", other values"),
+                           expected=f"the root's x: {x.size} float64 values, {x.nbytes} bytes, unchanged: "
+                                    f"{numbers(x)}",
+                           got=numbers(p) if p is not None else f"{e.nbytes} bytes",
+                           hint="Send each child the data exactly as you received it (the root: its x). "
+                                "The grader reads every message: the data must travel down the tree.")
+    return None
+
+
 def broadcast_shape(trace, n, root):
     """A name for the pattern of a broadcast's messages, to explain a failure:
     'flat', 'chain', 'binary tree', 'binary tree around rank 0', 'binomial tree'
