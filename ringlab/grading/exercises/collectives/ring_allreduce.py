@@ -104,12 +104,12 @@ def _wrong_sum(program, case, rank, out, result):
     if steps:
         fail.what += "\n" + steps
         fail.hint = "Each phase loops world_size - 1 times: N-1 steps of reduce-scatter, then N-1 of all-gather."
-    if length >= n and not check_ring_trace(trace, case, length) \
-            and not checks.ring_partial_sums(result, case, length, "ring AllReduce"):
-        return right_messages_wrong_result(fail, result)
+    shown = fail.expected, fail.got
+    right = (length >= n and not check_ring_trace(trace, case, length)
+             and not checks.ring_partial_sums(result, case, length, "ring AllReduce"))
     res = contrib.probe_run(program, n, length)
     if res is None:
-        return fail
+        return right_messages_wrong_result(fail, result, shown=shown) if right else fail
     expected = (1,) * n
     # 1. what the output holds, element by element
     first = None
@@ -122,7 +122,7 @@ def _wrong_sum(program, case, rank, out, result):
         if first:
             break
     if first is None:
-        return fail
+        return right_messages_wrong_result(fail, result, shown=shown) if right else fail
     r, i, dec = first
     # the run of elements on that rank with the same wrong content
     j = i
@@ -152,7 +152,7 @@ def _wrong_sum(program, case, rank, out, result):
                 f"world_size? np.array_split(x, world_size) makes chunks of unequal size.")
     fail.hint = hint or fail.hint or ("Write down, for N=3, which chunk each rank sends and receives at each step, "
                          "and compare with your index formulas.")
-    return fail
+    return right_messages_wrong_result(fail, result, shown=shown) if right else fail
 
 
 def _steps_note(trace, case):
@@ -226,12 +226,15 @@ RETURN = ("Return the array your chunks are in after the last step (if chunks ar
           "array, that array; if they are separate arrays, np.concatenate(chunks)).")
 
 
-def right_messages_wrong_result(fail, result, returns=RETURN):
+def right_messages_wrong_result(fail, result, returns=RETURN, shown=None):
     """Every message was right, so only what a rank returned is wrong: say so,
-    and name an array a receiver changed in place (its sum went there).
-    ``returns``: the hint that says what to return."""
+    with the numbers ``shown`` = (expected, got), and name an array a receiver
+    changed in place (its sum went there). ``returns``: the hint that says what
+    to return."""
     fail.what += ("\nEvery message was right: the ranks computed the sum, but what this rank "
                   "returned is not it.")
+    if shown and shown != (fail.expected, fail.got):
+        fail.what += f"\nIt returned {shown[1]} where the sum is {shown[0]}."
     fail.hint = returns
     changed = changed_in_place(result, getattr(result, "handed", []))
     if changed:

@@ -139,10 +139,11 @@ def _wrong_sum(program, case, rank, out, want, result):
     fail = wrong_values(case, rank, out, sums.close(out, case.inputs, range(n), _chunk_slices(length, n)[rank]),
                         want, "rank r ends with chunk r of the sum of all inputs")
     fail.what += " of its chunk"
+    shown = fail.expected, fail.got
     right = length >= n and not _check_trace(result, case, length)
     res = contrib.probe_run(program, n, length)
     if res is None:
-        return _right_messages(fail, result) if right else fail
+        return _right_messages(fail, result, shown) if right else fail
     starts = np.cumsum([0] + _chunk_sizes(length, n))
     ones = (1,) * n
     decoded = [contrib.decode(o, n) if isinstance(o, np.ndarray) else [] for o in res.outputs]
@@ -178,15 +179,15 @@ def _wrong_sum(program, case, rank, out, want, result):
     elif n > 1:
         hint = _completes_other_chunk(res, n, starts)
     if right and hint is None:
-        return _right_messages(fail, result)
+        return _right_messages(fail, result, shown)
     fail.hint = hint or ("Write down, for N=3, which chunk each rank sends and receives at each step, "
                          "and compare with your index formulas.")
     return fail
 
 
-def _right_messages(fail, result):
+def _right_messages(fail, result, shown):
     """Every message was right: only the value returned is wrong."""
-    return right_messages_wrong_result(fail, result, returns="Return your chunk r after the last step.")
+    return right_messages_wrong_result(fail, result, "Return your chunk r after the last step.", shown)
 
 
 def _completes_other_chunk(res, n, starts):
