@@ -11,6 +11,7 @@ and short vectors.
 import numpy as np
 
 from ..runner import run
+from .guard import guarded
 
 BASE = 16
 MAX_WORLD = 8
@@ -28,7 +29,8 @@ def probe_run(program, world_size, length):
     if world_size > MAX_WORLD:
         return None
     try:
-        return run(program, probe_inputs(world_size, length), record_payloads=True, timeout=10.0)
+        # Guarded: a receiver that adds into what it received must not change the record of the message.
+        return run(guarded(program, []), probe_inputs(world_size, length), record_payloads=True, timeout=10.0)
     except Exception:   # noqa: BLE001 - it ran on random data, so a probe failure just means no detail
         return None
 
