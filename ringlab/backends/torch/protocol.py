@@ -502,11 +502,17 @@ def run_rank(program, x, args, kwargs, rank, world_size, device=None, status=Non
     global current_world
     world = current_world = ProcessWorld(rank, world_size, device, status)
     comm = ProcessComm(world, world.me, world.world_group)
-    if device is not None:
-        # NCCL sets up its communicator in the first collective, and when that is
-        # a batch_isend_irecv (our sendrecv) every rank must take part: make it this.
-        dist.barrier()
-    world.start()
+    try:
+        if device is not None:
+            # NCCL sets up its communicator in the first collective, and when that is
+            # a batch_isend_irecv (our sendrecv) every rank must take part: make it this.
+            dist.barrier()
+        world.start()
+    except Exception as e:  # noqa: BLE001 - not the learner's fault: say what broke, in full
+        world.status.set(st.FAILED, -1, 0, 0)
+        setup = RuntimeError(f"ringlab could not set up the process of rank {rank} "
+                             f"(torch {torch_version()}): {type(e).__name__}: {e}")
+        return world, world.report(error=setup, traceback=traceback.format_exc())
     world.status.set(st.RUNNING, -1, 0, 0)
     try:
         result = program(comm, x, *args, **(kwargs or {}))
@@ -516,6 +522,11 @@ def run_rank(program, x, args, kwargs, rank, world_size, device=None, status=Non
         return world, world.report(**error_report(e))
     world.status.set(st.DONE, -1, 0, comm.step)
     return world, world.report(result=result)
+
+
+def torch_version():
+    import torch
+    return torch.__version__
 
 
 def _hidden(filename):
