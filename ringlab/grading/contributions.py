@@ -10,7 +10,7 @@ and short vectors.
 
 import numpy as np
 
-from ..runner import run
+from .report import active_runner
 
 BASE = 16
 MAX_WORLD = 8
@@ -28,7 +28,7 @@ def probe_run(program, world_size, length):
     if world_size > MAX_WORLD:
         return None
     try:
-        return run(program, probe_inputs(world_size, length), record_payloads=True, timeout=10.0)
+        return active_runner()(program, probe_inputs(world_size, length), record_payloads=True, timeout=10.0)
     except Exception:   # noqa: BLE001 - it ran on random data, so a probe failure just means no detail
         return None
 
