@@ -105,9 +105,9 @@ def _kernel_manager(tmp, memory_mb):
     """A kernel over local sockets (IPC), not TCP: no open port, and no
     "Kernel is running over TCP without encryption" warning per notebook.
     Its command is wrapped so the kernel process starts with a memory limit."""
-    from jupyter_client import KernelManager
+    from jupyter_client import AsyncKernelManager
 
-    class Limited(KernelManager):
+    class Limited(AsyncKernelManager):
         def format_kernel_cmd(self, extra_arguments=None):
             cmd = super().format_kernel_cmd(extra_arguments)
             return [sys.executable, "-m", "ringlab.grading.trusted", "--limit-mb", str(memory_mb), "--", *cmd]
@@ -169,15 +169,16 @@ def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, s
 
     try:
         nb = nbformat.read(path, as_version=4)
-        exercises = exercises_of(nb, path, override)
     except FileNotFoundError:
         row("", "error", "no such file")
         return rows
-    except ValueError as e:
-        row("", "error", str(e))
-        return rows
     except Exception as e:  # noqa: BLE001 - truncated JSON, not a notebook, ...
         row("", "error", f"not a readable notebook: {type(e).__name__}: {str(e)[:200]}")
+        return rows
+    try:
+        exercises = exercises_of(nb, path, override)
+    except ValueError as e:
+        row("", "error", str(e))
         return rows
 
     with tempfile.TemporaryDirectory(prefix="ringlab-grade-") as folder:
