@@ -25,11 +25,11 @@ from . import deadlock
 # What runs a case: ``ringlab.run`` (all ranks in this process), or, for trusted
 # grading (``ringlab grade``), ``ringlab.grading.isolated.runner()``, one process
 # per rank. Graders call ``run_case``/``active_runner()`` and never need to know.
-_RUNNER = contextvars.ContextVar("ringlab_runner", default=run)
+_RUNNER = contextvars.ContextVar("ringlab_runner", default=None)
 
 
 def active_runner():
-    return _RUNNER.get()
+    return _RUNNER.get() or run      # `run` looked up now: tests may patch it
 
 
 @dataclass
