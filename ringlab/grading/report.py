@@ -130,15 +130,17 @@ def run_case(program, case, backend="sim", **kw):
     """Run one case; return (RunResult, None) or (None, Failure). Learner bugs
     become Failures with a diagnosis; a stub raises NotImplementedYet.
 
-    In the simulator every run records payloads, and the program gets its own
-    copy of every array it receives (see ``guard.py``); ``result.handed`` lists
-    those copies, to tell later what a receiver changed in place."""
+    Every run records payloads, on every backend; in the simulator the program
+    gets its own copy of every array it receives (see ``guard.py``), and
+    ``result.handed`` lists those copies, to tell later what a receiver
+    changed in place."""
     inputs = copy.deepcopy(case.inputs)   # a program may modify its input in place
     handed = []
-    if backend == "sim":
-        kw.setdefault("record_payloads", True)
-        if _RUNNER.get() is None:    # isolated runs copy every message across a pipe anyway
-            program = guarded(program, handed)
+    kw.setdefault("record_payloads", True)     # the content checks read what messages carried
+    if backend == "sim" and _RUNNER.get() is None:
+        # All ranks in one process: each gets its own copy of what it receives.
+        # (Real processes and isolated runs copy every message anyway.)
+        program = guarded(program, handed)
     try:
         result = active_runner()(program, inputs, args=case.args, timeout=kw.pop("timeout", 10.0),
                                  backend=backend, **kw)

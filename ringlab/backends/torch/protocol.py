@@ -52,7 +52,7 @@ import torch.distributed as dist
 
 from ...errors import CommError
 from ...trace import Compute, Event, Span
-from ...comm import Comm, Group, dtype_name as _dtype_name, mismatch as _mismatch
+from ...comm import Comm, Group, payload_key, dtype_name as _dtype_name, mismatch as _mismatch
 from ...sim.world import Actor
 from . import status as st
 from . import wire
@@ -136,11 +136,12 @@ class ProcessWorld:
     program messages use the default group. Both are made when the group is,
     on every rank in the same order, as ``dist.new_group`` requires."""
 
-    def __init__(self, rank, world_size, device=None, status=None):
+    def __init__(self, rank, world_size, device=None, status=None, record_payloads=False):
         self.rank, self.world_size, self.device = rank, world_size, device
         self.me = _Actor(rank)                    # this process's program
         self.ranks = {rank: self.me}              # as the simulator's world has them, for Comm
         self.events, self.computes = [], []
+        self.payloads = {} if record_payloads else None   # payload_key -> array, for graders
         self.log = self.me.log                    # what the program did, for sim.replay
         self.world_group = Group(tuple(range(world_size)), None, 0)
         self.groups = {None: self.world_group}    # label -> Group, in creation order
@@ -207,6 +208,8 @@ class ProcessWorld:
         self.sent[key] = seq + 1
         self.events.append(Event(me.clock, me.rank, dst, chunk, op, payload.nbytes, me.span_path,
                                  tag, payload.shape, _dtype_name(payload.dtype), seq, label, comm._stream))
+        if self.payloads is not None:     # a copy: the program may change its array later
+            self.payloads[payload_key(self.events[-1])] = np.array(payload, copy=True)
         header = np.zeros(wire.HEADER_WORDS, np.int64)
         has_chunk = isinstance(chunk, (int, np.integer)) and not isinstance(chunk, bool)
         header[:6] = (me.clock, _CODE[payload.dtype.name], payload.nbytes, has_chunk,
@@ -445,7 +448,7 @@ class ProcessWorld:
         return Outcome(self.rank, events=list(self.events), spans=spans, log=list(self.log),
                        work_logs=[list(w.actor.log) for w in list(self.works)],
                        computes=list(self.computes), received=received,
-                       unwaited=unwaited, step=me.clock, **fields)
+                       unwaited=unwaited, step=me.clock, payloads=self.payloads, **fields)
 
     def finish(self, drain=None):
         """Receive the messages of posted-but-unwaited irecvs (``drain`` says how
@@ -496,11 +499,12 @@ class ProcessComm(Comm):
         return got
 
 
-def run_rank(program, x, args, kwargs, rank, world_size, device=None, status=None):
+def run_rank(program, x, args, kwargs, rank, world_size, device=None, status=None,
+             record_payloads=False):
     """Run ``program(comm, x, *args, **kwargs)`` as ``rank`` of the current
     process group; returns ``(world, Outcome)``. Never raises for learner bugs."""
     global current_world
-    world = current_world = ProcessWorld(rank, world_size, device, status)
+    world = current_world = ProcessWorld(rank, world_size, device, status, record_payloads)
     comm = ProcessComm(world, world.me, world.world_group)
     try:
         if device is not None:
