@@ -40,7 +40,7 @@ really held, and the table follows that.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -68,7 +68,6 @@ class Contributions:
     ops: list
     holdings: list
     note: str = ""
-    counts: list = field(default_factory=list)   # per event: coefficient per rank (sum mode)
 
 
 def contributions(res, inputs):
@@ -213,21 +212,18 @@ def _sum_mode(trace, res, xs, payloads):
     if len(cells) > MAX_CELLS:
         return _too_many(trace, "sum", cells)
     labels = list(range(len(cells)))        # for np.array_split(x, n)'s chunks: the same numbers
-    carried, counts = [], []
-    for f in found:
-        carried.append(None if f is None else (_covering(cells, None, f[0], f[1]), f[2]))
-        counts.append(None if f is None else f[3])
+    carried = [None if f is None else (_covering(cells, None, f[0], f[1]), f[2]) for f in found]
     h = _replay_sums(trace, cells, carried, outputs)
     ops = _sum_ops(trace, carried, h)
     bad = sum(c is None for c in carried)
     note = (f"{bad} message(s) carry values that are not a sum of the same slice of some ranks' "
             f"inputs (a rank counted twice? inputs that are not all different?)." if bad else "")
-    return Contributions("sum", labels, cells, carried, ops, h, note, counts)
+    return Contributions("sum", labels, cells, carried, ops, h, note)
 
 
 def _find_sum(p, table, subsets):
-    """``(start, stop, ranks, counts)`` if ``p`` is one subset's sum over one slice, else None
-    (also None if several subsets fit: the inputs cannot tell them apart)."""
+    """``(start, stop, ranks)`` if ``p`` is one subset's sum over one slice, else None
+    (also None if several subsets or slices fit: the inputs cannot tell them apart)."""
     if p is None or not 0 < len(p) <= table.shape[1]:
         return None
     m = len(p)
@@ -235,11 +231,11 @@ def _find_sum(p, table, subsets):
     # Candidates by the first element, then checked on the whole slice.
     hits = np.argwhere(np.abs(table[:, : table.shape[1] - m + 1] - p[0]) <= tol)
     fits = [(s, o) for s, o in hits if np.all(np.abs(table[s, o:o + m] - p) <= tol)]
-    if len({s for s, _ in fits}) != 1 or not subsets[fits[0][0]].any():
+    if len(fits) != 1 or not subsets[fits[0][0]].any():
         return None
     s, o = fits[0]
     ranks = frozenset(int(r) for r in np.flatnonzero(subsets[s]))
-    return int(o), int(o) + m, ranks, [int(c) for c in subsets[s]]
+    return int(o), int(o) + m, ranks
 
 
 def _replay_sums(trace, cells, carried, outputs):
