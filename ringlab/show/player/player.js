@@ -335,8 +335,15 @@
         var name = /^-?\d+$/.test(chunk) ? "c" + chunk : chunk;
         var text = e[8] ? self.carriedText(e, true) :
           chunk !== "" ? name + (op && d.worldSize <= 8 ? " " + op : "") : (op || e[5] + " B");
-        svg("text", { x: 0.25 * p0.x + 0.5 * c.x + 0.25 * p2.x, y: 0.25 * p0.y + 0.5 * c.y + 0.25 * p2.y + 4,
-                      "class": "rlp-arrow-label", fill: colour, "font-size": self.font }, arrow, text);
+        var x = 0.25 * p0.x + 0.5 * c.x + 0.25 * p2.x, y = 0.25 * p0.y + 0.5 * c.y + 0.25 * p2.y + 4;
+        // A tuple of tuples (an all-to-all's blocks "((0, 1), (0, 2))") would run into the
+        // neighbouring labels on one line: one block per line instead, centred on the curve.
+        var lines = !e[8] && /^\(\(/.test(chunk) ? chunk.match(/\([^()]*\)/g) : [text];
+        var label = svg("text", { x: x, y: y - (lines.length - 1) * self.font * 0.55, "class": "rlp-arrow-label",
+                                  fill: colour, "font-size": self.font }, arrow);
+        lines.forEach(function (line, i) {
+          svg("tspan", { x: x, dy: i ? "1.1em" : 0 }, label, line);
+        });
       }
       if (detail && e[3] >= 0) {         // outline the chunks that left and the ones they landed in
         (e[8] ? e[8][1] : [e[3]]).forEach(function (k) {
