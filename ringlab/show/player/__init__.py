@@ -39,7 +39,7 @@ ranks' inputs, or a copy of whose; ``ringlab.show.player.payloads``)::
     >>> player.data["chunks"], player.data["ops"], player.data["holdings"]["mode"]
     (['0', '1', '2', '3'], ['copy', 'reduce'], 'detail')
 
-The same, in two steps: ``c = ringlab.show.contributions(res, inputs)``, then
+The same, in two steps: ``import ringlab.show``, ``c = ringlab.show.contributions(res, inputs)``, then
 ``res.trace.show(contributions=c)``. Inputs must differ between ranks (random
 numbers do): with ``np.ones`` everywhere no sum can be told from another.
 """

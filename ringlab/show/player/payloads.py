@@ -81,7 +81,7 @@ def contributions(res, inputs):
     n = trace.world_size
     if len(inputs) != n:
         raise ValueError(f"{len(inputs)} inputs for a run of {n} ranks")
-    xs = [None if x is None else np.asarray(x, dtype=np.float64).ravel() for x in inputs]
+    xs = [None if x is None else _flat(x) for x in inputs]      # None: nothing to read back
     payloads = [_flat(res.payloads.get(_key(e))) for e in trace]
 
     # Copies first: if every message is a piece-by-piece copy of inputs, it is a
