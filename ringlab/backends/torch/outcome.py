@@ -20,6 +20,7 @@ class Outcome:
     result: object = None
     events: list = field(default_factory=list)
     spans: list = field(default_factory=list)
+    payloads: dict | None = None                     # payload_key -> array, if recorded
     log: list = field(default_factory=list)          # what the program did (sim.replay)
     work_logs: list = field(default_factory=list)    # what each comm.start work did, in start order
     computes: list = field(default_factory=list)     # Compute events (real seconds)

@@ -38,6 +38,7 @@ since a step depends on the receiver's port, which the sender can't know.
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 import time
@@ -51,7 +52,7 @@ import torch.distributed as dist
 
 from ...errors import CommError
 from ...trace import Compute, Event, Span
-from ...comm import Comm, Group, dtype_name as _dtype_name, mismatch as _mismatch
+from ...comm import Comm, Group, payload_key, dtype_name as _dtype_name, mismatch as _mismatch
 from ...sim.world import Actor
 from . import status as st
 from . import wire
@@ -135,11 +136,12 @@ class ProcessWorld:
     program messages use the default group. Both are made when the group is,
     on every rank in the same order, as ``dist.new_group`` requires."""
 
-    def __init__(self, rank, world_size, device=None, status=None):
+    def __init__(self, rank, world_size, device=None, status=None, record_payloads=False):
         self.rank, self.world_size, self.device = rank, world_size, device
         self.me = _Actor(rank)                    # this process's program
         self.ranks = {rank: self.me}              # as the simulator's world has them, for Comm
         self.events, self.computes = [], []
+        self.payloads = {} if record_payloads else None   # payload_key -> array, for graders
         self.log = self.me.log                    # what the program did, for sim.replay
         self.world_group = Group(tuple(range(world_size)), None, 0)
         self.groups = {None: self.world_group}    # label -> Group, in creation order
@@ -158,7 +160,7 @@ class ProcessWorld:
 
     def start(self):
         """Collective, on every rank at the start: the world's stream process group."""
-        self.pgs[(None, 1)] = dist.new_group(list(range(self.world_size)), sort_ranks=False)
+        self.pgs[(None, 1)] = _new_group(list(range(self.world_size)))
 
     def _pg(self, comm):
         return self.pgs[(comm.group.label, comm._stream)]
@@ -206,6 +208,8 @@ class ProcessWorld:
         self.sent[key] = seq + 1
         self.events.append(Event(me.clock, me.rank, dst, chunk, op, payload.nbytes, me.span_path,
                                  tag, payload.shape, _dtype_name(payload.dtype), seq, label, comm._stream))
+        if self.payloads is not None:     # a copy: the program may change its array later
+            self.payloads[payload_key(self.events[-1])] = np.array(payload, copy=True)
         header = np.zeros(wire.HEADER_WORDS, np.int64)
         has_chunk = isinstance(chunk, (int, np.integer)) and not isinstance(chunk, bool)
         header[:6] = (me.clock, _CODE[payload.dtype.name], payload.nbytes, has_chunk,
@@ -336,9 +340,12 @@ class ProcessWorld:
         lane, me = self.lanes[comm._stream], comm._me
         lane.status.set(st.AGREE, -1, 0, me.clock)
         told = [None] * comm.world_size
-        dist.all_gather_object(told, value, group=self._pg(comm))
+        pg = self._pg(comm)
+        dist.all_gather_object(told, value, group=pg)
         lane.status.set(st.RUNNING, -1, 0, me.clock)
-        return told
+        # In the process group's rank order, which older torch sorts: put it in ours.
+        order = dist.get_process_group_ranks(pg) if pg is not None else list(range(self.world_size))
+        return [told[order.index(g)] for g in comm.group.ranks]
 
     def _agree(self, comm, value, what):
         me = comm._me
@@ -374,7 +381,7 @@ class ProcessWorld:
             label = f"{label}#{sum(1 for g in self.groups.values() if g.ranks == ranks) + 1}"
         group = self.groups[label] = Group(ranks, label, len(self.groups))
         for stream in (0, 1):
-            self.pgs[(label, stream)] = dist.new_group(list(ranks), sort_ranks=False)
+            self.pgs[(label, stream)] = _new_group(list(ranks))
         comm._me.log.append(("new_group", None, [comm._index[r] for r in ranks], name))
         return group
 
@@ -441,7 +448,7 @@ class ProcessWorld:
         return Outcome(self.rank, events=list(self.events), spans=spans, log=list(self.log),
                        work_logs=[list(w.actor.log) for w in list(self.works)],
                        computes=list(self.computes), received=received,
-                       unwaited=unwaited, step=me.clock, **fields)
+                       unwaited=unwaited, step=me.clock, payloads=self.payloads, **fields)
 
     def finish(self, drain=None):
         """Receive the messages of posted-but-unwaited irecvs (``drain`` says how
@@ -452,6 +459,15 @@ class ProcessWorld:
         for lane in self.lanes.values():
             while lane.in_flight:
                 self._retire_oldest(lane)
+
+
+def _new_group(ranks):
+    """``dist.new_group(ranks)``, in our rank order where torch can keep it
+    (``sort_ranks``, torch 2.13); older torch sorts the ranks. Messages name
+    global ranks, so only gathered lists depend on it (see ``_gather``)."""
+    if "sort_ranks" in inspect.signature(dist.new_group).parameters:
+        return dist.new_group(ranks, sort_ranks=False)
+    return dist.new_group(ranks)
 
 
 class ProcessComm(Comm):
@@ -483,17 +499,24 @@ class ProcessComm(Comm):
         return got
 
 
-def run_rank(program, x, args, kwargs, rank, world_size, device=None, status=None):
+def run_rank(program, x, args, kwargs, rank, world_size, device=None, status=None,
+             record_payloads=False):
     """Run ``program(comm, x, *args, **kwargs)`` as ``rank`` of the current
     process group; returns ``(world, Outcome)``. Never raises for learner bugs."""
     global current_world
-    world = current_world = ProcessWorld(rank, world_size, device, status)
+    world = current_world = ProcessWorld(rank, world_size, device, status, record_payloads)
     comm = ProcessComm(world, world.me, world.world_group)
-    if device is not None:
-        # NCCL sets up its communicator in the first collective, and when that is
-        # a batch_isend_irecv (our sendrecv) every rank must take part: make it this.
-        dist.barrier()
-    world.start()
+    try:
+        if device is not None:
+            # NCCL sets up its communicator in the first collective, and when that is
+            # a batch_isend_irecv (our sendrecv) every rank must take part: make it this.
+            dist.barrier()
+        world.start()
+    except Exception as e:  # noqa: BLE001 - not the learner's fault: say what broke, in full
+        world.status.set(st.FAILED, -1, 0, 0)
+        setup = RuntimeError(f"ringlab could not set up the process of rank {rank} "
+                             f"(torch {torch_version()}): {type(e).__name__}: {e}")
+        return world, world.report(error=setup, traceback=traceback.format_exc())
     world.status.set(st.RUNNING, -1, 0, 0)
     try:
         result = program(comm, x, *args, **(kwargs or {}))
@@ -503,6 +526,11 @@ def run_rank(program, x, args, kwargs, rank, world_size, device=None, status=Non
         return world, world.report(**error_report(e))
     world.status.set(st.DONE, -1, 0, comm.step)
     return world, world.report(result=result)
+
+
+def torch_version():
+    import torch
+    return torch.__version__
 
 
 def _hidden(filename):

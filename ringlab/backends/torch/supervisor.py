@@ -39,7 +39,8 @@ from .pool import dumps_program, get_pool
 POLL = 0.05                # seconds between looks at the status blocks
 
 
-def run(backend, program, inputs, *, args=(), kwargs=None, timeout=10.0, check_unreceived=True):
+def run(backend, program, inputs, *, args=(), kwargs=None, timeout=10.0, check_unreceived=True,
+        record_payloads=False):
     """``ringlab.run`` on real processes with torch.distributed ``backend``
     ("gloo" or "nccl"): a ``RunResult``, or the simulator's errors."""
     inputs = list(inputs)
@@ -49,7 +50,7 @@ def run(backend, program, inputs, *, args=(), kwargs=None, timeout=10.0, check_u
     if n > st.MAX_RANKS:
         raise ValueError(f"the local torch backend runs at most {st.MAX_RANKS} ranks; use "
                          f"`python -m ringlab.launch` under torchrun for more")
-    blobs = [dumps_program((program, x, tuple(args), kwargs or {})) for x in inputs]
+    blobs = [dumps_program((program, x, tuple(args), kwargs or {}, record_payloads)) for x in inputs]
     pool = get_pool()
     workers = pool.take(n)
     run_id = next(pool.run_ids)
@@ -72,7 +73,8 @@ def run(backend, program, inputs, *, args=(), kwargs=None, timeout=10.0, check_u
             for r, w in enumerate(workers):
                 w.send(("finish", plan[r]))
             _wait_idle(pool, workers)
-        return RunResult([o.result for o in outcomes], trace, None)
+        payloads = {k: v for o in outcomes for k, v in (o.payloads or {}).items()} if record_payloads else None
+        return RunResult([o.result for o in outcomes], trace, payloads)
     except BaseException:
         pool.discard(workers, replace=True)
         raise
