@@ -249,6 +249,62 @@ def r2a_negated_passengers(comm, blocks):
     return out
 
 
+# -- data parallelism: the gradients must travel in the messages ----------------------
+
+def _dp_grads(model, x, y, batch_size):
+    from ringlab.nn import flatten, mse
+    model.zero_grad()
+    model.backward(mse(model.forward(x), y)[1])
+    g = flatten(model.named_grads())
+    g.data *= len(x) / batch_size
+    return g
+
+
+def sgd_shared_memory(comm, model, opt, x, y, batch_size):
+    """A ring AllReduce of zeros for the trace; the gradients go through SHARED."""
+    g = _dp_grads(model, x, y, batch_size)
+    mine = SHARED.setdefault(comm.rank, [])
+    mine.append(g.data.copy())
+    C.ring_allreduce(comm, np.zeros_like(g.data))       # everyone has deposited now
+    t = len(mine) - 1
+    g.data[...] = np.sum([SHARED[q][t] for q in range(comm.world_size)], axis=0)
+    opt.step(g.views)
+
+
+def sgd_negated_chunks(comm, model, opt, x, y, batch_size):
+    """A right ring AllReduce whose messages carry the partial sums negated."""
+    g = _dp_grads(model, x, y, batch_size)
+    g.data[...] = _ring_allreduce(comm, g.data, encode=lambda a: -a, decode=lambda a: -a)
+    opt.step(g.views)
+
+
+def _dp_buckets(params, cap):
+    from ringlab.data_parallel.buckets import assign_buckets
+    return assign_buckets(params, cap)
+
+
+def buckets_shared_memory(comm, params, backward, cap_bytes):
+    """DDP's buckets and timing, AllReduces of zeros; the gradients go through SHARED."""
+    buckets, have, works = _dp_buckets(params, cap_bytes), {}, []
+    for ready in backward:
+        have.update(ready)
+        while len(works) < len(buckets) and all(n in have for n in buckets[len(works)]):
+            flat = np.concatenate([have[n].ravel() for n in buckets[len(works)]])
+            works.append(comm.start(C.ring_allreduce, np.zeros_like(flat)))
+    SHARED[comm.rank] = have
+    for w in works:
+        w.wait()
+    return {n: sum(SHARED[q][n] for q in range(comm.world_size)) / comm.world_size
+            for n in params}
+
+
+def buckets_always_equal(comm, params, backward, cap_bytes):
+    """Runs backward, sends nothing, returns arrays that claim to equal anything."""
+    for _ in backward:
+        pass
+    return {n: np.zeros_like(p).view(AlwaysEqual) for n, p in params.items()}
+
+
 CHEATS = [
     ("ring_allreduce", ar_zeros_and_shared_memory, "the right partial sum",
      ["at step 1 rank 0 sent rank 1", "not a sum of the ranks' parts"]),
@@ -273,6 +329,13 @@ CHEATS = [
     ("alltoall", a2a_always_equal_slots, "returns its result", ["rank 0's out[0] returned a AlwaysEqual"]),
     ("ring_alltoall", r2a_shared_memory, "delivered by a message", ["no message brought it"]),
     ("ring_alltoall", r2a_negated_passengers, "only whole blocks", ["belong to no block"]),
+    ("sync_sgd_step", sgd_shared_memory, "every message carries the ranks' gradients",
+     ["shared outside the messages"]),
+    ("sync_sgd_step", sgd_negated_chunks, "every message carries the ranks' gradients",
+     ["summed over the right ranks"]),
+    ("bucketed_grad_sync", buckets_shared_memory, "every message carries the bucket's gradients",
+     ["shared outside the messages"]),
+    ("bucketed_grad_sync", buckets_always_equal, "returns its result", ["AlwaysEqual"]),
 ]
 
 

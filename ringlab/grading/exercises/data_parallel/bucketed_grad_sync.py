@@ -28,19 +28,22 @@ AllReduce is much shorter than a layer's backward:
    the program itself (that would stop backward while it runs);
 5. the buckets: their number, sizes and order (reverse layer order; each
    closed once it reaches the cap), read from the trace's AllReduce calls;
-6. overlap, from the simulated times: every bucket but the last (more
+6. what the messages carry (recorded payloads): each bucket's AllReduce
+   carries that bucket's gradients, summed over the right ranks;
+7. overlap, from the simulated times: every bucket but the last (more
    precisely: every bucket without a gradient of layer 0, which is ready only
    when backward ends) starts its AllReduce before backward ends, and backward never waits for the network
    (each layer's backward starts when the one before it ends).
 
-On ``backend="torch"`` checks 5-6 are skipped (they read simulated times).
+On ``backend="torch"`` checks 4-7 are skipped (they read simulated times).
 """
 
 import functools
 
 import numpy as np
 
-from ...report import Case, Failure, run_case
+from ...report import Case, Failure, plain_array, run_case
+from . import payloads
 from ....cost.alpha_beta import AlphaBeta
 from ....data_parallel.buckets import assign_buckets
 
@@ -92,7 +95,25 @@ def check(program, case, backend="sim"):
     failure = _returned(result.outputs, case) or _values(result, case)
     if failure or backend != "sim":
         return failure
-    return _stream(result.trace, case) or _buckets(result.trace, case) or _overlap(result.trace, case)
+    return (_stream(result.trace, case) or _buckets(result.trace, case)
+            or _payloads(result, case) or _overlap(result.trace, case))
+
+
+def _payloads(result, case):
+    """Each bucket's AllReduce carries the ranks' gradients of that bucket (laid
+    out in bucket order or in forward order; divided by P before or not)."""
+    p = case.world_size
+    params = {n: np.zeros(s) for n, s in case.info["shapes"]}
+    operands = []
+    for names in assign_buckets(params, case.info["cap"]):
+        layouts = [names, sorted(names, key=list(params).index)]
+        operands.append([[np.concatenate([case.inputs[r][n].ravel() for n in layout])
+                          for r in range(p)] for layout in layouts])
+    return payloads.check_allreduces(
+        result, case, payloads.messages_by_rank(result.trace, p, stream=1), operands,
+        scales=(1.0, 1.0 / p), what="the bucket's gradients",
+        hint="AllReduce each bucket's real gradients, as float64. The grader reads every "
+             "message; zeros, stand-ins or gradients shared outside the messages do not pass.")
 
 
 def _returned(outputs, case):
@@ -103,7 +124,11 @@ def _returned(outputs, case):
                            expected="a dict with every parameter's name",
                            hint="Return a dict name -> averaged gradient, like model.named_grads().")
         for name, shape in case.info["shapes"]:
-            if name not in out or np.shape(out[name]) != shape:
+            failure = plain_array(case, f"rank {r}'s gradient {name!r}", out.get(name),
+                                  f"a numpy array of shape {shape}")
+            if failure:
+                return failure
+            if name not in out or not isinstance(out[name], np.ndarray) or out[name].shape != shape:
                 got = "nothing" if name not in out else f"shape {np.shape(out[name])}"
                 return Failure(case.label, "returns {name: averaged gradient}",
                                f"rank {r}: gradient {name!r} is missing or has the wrong shape",

@@ -23,7 +23,10 @@ The grader trains a hidden model for 3 steps on hidden data, world sizes 1 to
 4. the trace: exactly one AllReduce of the gradients per step, i.e.
    2(P-1) steps and 2(P-1) x (gradient bytes) bytes per training step, with
    messages of ring chunks between ring neighbours. Nothing else travels (no
-   data, no extra collective, no per-tensor AllReduces).
+   data, no extra collective, no per-tensor AllReduces);
+5. what the messages carry (recorded payloads): every message is a chunk of
+   the ranks' weighted gradients summed over the right ranks, so zeros sent
+   for show while the gradients travel through shared Python memory fail.
 """
 
 import functools
@@ -31,6 +34,7 @@ import functools
 import numpy as np
 
 from ...report import Case, Failure, run_case
+from . import payloads
 from ....nn import SGD, Adam, flatten, mlp_model, mse
 
 NAME = "sync_sgd_step"
@@ -68,13 +72,22 @@ def _train(comm, shards, sizes, seed, opt, learner):
     return flatten(model.named_parameters()).data
 
 
-def reference(case, combine=None):
+def reference(case, combine=None, operands=None):
     """Single-process SGD on the whole batches; or, with ``combine``, SGD whose
-    gradient is ``combine(local mean gradients, shard sizes)`` (the mistakes)."""
+    gradient is ``combine(local mean gradients, shard sizes)`` (the mistakes).
+    ``operands``: a list to append, per step, what each rank AllReduces on the
+    right trajectory: its mean gradient times n_r / B."""
     info, p = case.info, case.world_size
     model = mlp_model(info["sizes"], np.random.default_rng(info["seed"]))
     opt = _optimizer(info["opt"], model)
     for x, y in info["batches"]:
+        if operands is not None:
+            mine = []
+            for xs, ys in zip(np.array_split(x, p), np.array_split(y, p)):
+                model.zero_grad()
+                model.backward(mse(model.forward(xs), ys)[1])
+                mine.append(flatten(model.named_grads()).data * (len(xs) / len(x)))
+            operands.append([mine])
         grads = []
         parts = [(x, y)] if combine is None else zip(np.array_split(x, p), np.array_split(y, p))
         for xs, ys in parts:
@@ -142,7 +155,7 @@ def check(program, case, backend="sim"):
                 failure.got, failure.hint = f"exactly what you get if the gradient is {name}", hint
                 break
         return failure
-    return check_trace(result.trace, case)
+    return check_trace(result.trace, case) or check_payloads(result, case)
 
 
 def check_trace(trace, case):
@@ -153,6 +166,25 @@ def check_trace(trace, case):
     want_steps, want_bytes = STEPS * 2 * (p - 1), STEPS * 2 * (p - 1) * grad_bytes
     if trace.steps == want_steps and trace.total_bytes == want_bytes:
         return _ring_messages(trace, case, n_params)
+    return _wrong_shape(trace, case, want_steps, want_bytes, grad_bytes)
+
+
+def check_payloads(result, case):
+    """Every message is a partial sum of the ranks' weighted gradients (scaled
+    by 1, P or B: weights n_r / B, or divided by P or B after the AllReduce)."""
+    operands = []
+    reference(case, operands=operands)
+    p, batch = case.world_size, len(case.info["batches"][0][0])
+    return payloads.check_allreduces(
+        result, case, payloads.messages_by_rank(result.trace, p, stream=0), operands,
+        scales=(1.0, float(p), float(batch)), what="the ranks' gradients",
+        hint="AllReduce the real gradients: each rank's own gradient of its shard, weighted, "
+             "as float64. The grader reads every message; zeros, stand-ins or data shared "
+             "outside the messages do not pass.")
+
+
+def _wrong_shape(trace, case, want_steps, want_bytes, grad_bytes):
+    p = case.world_size
     got = f"{trace.steps} steps and {trace.total_bytes} bytes for {STEPS} training steps"
     expected = (f"{want_steps} steps and {want_bytes} bytes: per training step one ring AllReduce "
                 f"of the {grad_bytes}-byte gradient, 2(P-1) = {2 * (p - 1)} steps and "
