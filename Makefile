@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/sim_overhead.py
 	$(BIN)/python bench/nn_vs_torch.py
 	$(BIN)/python bench/torch_allreduce.py
+	$(BIN)/python bench/grade_data_parallel.py
 
 clean:
 	rm -rf _build
