@@ -64,3 +64,14 @@ def test_three_syncs_agree_and_ddp_overlaps():
     per, flat, ddp = (r.time for r in runs)
     assert ddp < flat < per
     assert all(e.stream == 1 for e in runs[2].trace)
+
+
+def test_sync_sgd_panel_and_figure():
+    pytest.importorskip("ipywidgets")
+    import matplotlib
+    matplotlib.use("Agg")
+    from ringlab.show.sync_sgd_widget import curves, figure, sync_sgd_panel
+    c = curves(3, 10, 0.1, steps=5)
+    assert c["diff"] <= 1e-12 and np.allclose(c["dp"], c["single"], rtol=1e-12)
+    assert figure(2, 8, 0.05)["bytes_per_step"] > 0
+    assert sync_sgd_panel().children        # sliders and the output

@@ -377,3 +377,18 @@ def test_accumulate_no_sync_matches_sync_every_step_with_k_times_fewer_bytes():
     every = ringlab.run(prog, data, args=(True,))
     assert np.allclose(once.outputs[0], every.outputs[0], rtol=0, atol=1e-14)
     assert every.trace.total_bytes == 3 * once.trace.total_bytes
+
+
+def test_sync_sgd_step_grades_isolated():
+    """Under `ringlab grade` every rank is its own process: the driver loads the
+    submission there, and the reference solution passes."""
+    import cloudpickle
+    import importlib
+    from ringlab.grading import GRADERS
+    from ringlab.grading.isolated import Submission, runner
+    from ringlab.grading.report import grade_cases
+    module = importlib.import_module(f"ringlab.grading.{GRADERS['sync_sgd_step']}")
+    data = cloudpickle.dumps(sgd_sum_then_divide)
+    report = grade_cases("sync_sgd_step", module, Submission(data, "sync_sgd_step"), seed=1,
+                         runner=runner())
+    assert report.passed, str(report)

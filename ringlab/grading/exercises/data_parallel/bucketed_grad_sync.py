@@ -43,11 +43,18 @@ import functools
 import numpy as np
 
 from ...report import Case, Failure, plain_array, run_case
-from . import payloads
+from . import callable_learner, payloads
 from ....cost.alpha_beta import AlphaBeta
 from ....data_parallel.buckets import assign_buckets
 
 NAME = "bucketed_grad_sync"
+# Part 1's collectives are the tools here: `ringlab grade` lets submissions use them
+# (ring_allreduce), but not ringlab.data_parallel, which holds the reference answers.
+ALLOWED_REFERENCES = ("collectives",)
+# Isolated rank processes (``ringlab grade``) have no ``comm.start`` yet, so
+# trusted grading runs this exercise in the simulator in one process (see
+# ``ringlab.grading.trusted``: such a result is marked as not isolated).
+IN_PROCESS = True
 NETWORK = AlphaBeta(alpha=1e-6, beta=1e-9)   # an AllReduce here: ~10 us; a layer: >= 1 ms
 
 
@@ -81,8 +88,19 @@ def layer_backward(comm, grads, seconds):
 
 
 def _train(comm, grads, cap, seconds, learner):
+    """What every rank runs. Returns the learner's gradients as a list in
+    ``params`` order (a run's result must be arrays, not a dict)."""
+    learner = callable_learner(learner)
     params = {n: np.zeros_like(g) for n, g in grads.items()}
-    return learner(comm, params, layer_backward(comm, grads, seconds), cap)
+    out = learner(comm, params, layer_backward(comm, grads, seconds), cap)
+    if not isinstance(out, dict):
+        raise TypeError(f"bucketed_grad_sync returned {type(out).__name__}; it must return a "
+                        f"dict {{name: averaged gradient}}, like model.named_grads()")
+    missing = [n for n in params if n not in out]
+    if missing:
+        raise TypeError(f"bucketed_grad_sync returned no gradient for {', '.join(missing)}: "
+                        f"unpack every bucket back into its parameters")
+    return [out[n] for n in params]
 
 
 def check(program, case, backend="sim"):
@@ -117,22 +135,17 @@ def _payloads(result, case):
 
 
 def _returned(outputs, case):
-    for r, out in enumerate(outputs):
-        if not isinstance(out, dict):
-            return Failure(case.label, "returns {name: averaged gradient}",
-                           f"rank {r} returned {type(out).__name__}",
-                           expected="a dict with every parameter's name",
-                           hint="Return a dict name -> averaged gradient, like model.named_grads().")
-        for name, shape in case.info["shapes"]:
-            failure = plain_array(case, f"rank {r}'s gradient {name!r}", out.get(name),
+    for r, out in enumerate(outputs):          # _train made it a list in params order
+        for (name, shape), value in zip(case.info["shapes"], out):
+            failure = plain_array(case, f"rank {r}'s gradient {name!r}", value,
                                   f"a numpy array of shape {shape}")
             if failure:
                 return failure
-            if name not in out or not isinstance(out[name], np.ndarray) or out[name].shape != shape:
-                got = "nothing" if name not in out else f"shape {np.shape(out[name])}"
+            if not isinstance(value, np.ndarray) or value.shape != shape:
                 return Failure(case.label, "returns {name: averaged gradient}",
-                               f"rank {r}: gradient {name!r} is missing or has the wrong shape",
-                               expected=f"shape {shape}", got=got,
+                               f"rank {r}: gradient {name!r} has the wrong shape or type",
+                               expected=f"a numpy array of shape {shape}",
+                               got=f"{type(value).__name__} of shape {np.shape(value)}",
                                hint="Unpack every bucket back into its parameters' shapes.")
     return None
 
@@ -142,8 +155,7 @@ def _values(result, case):
     total = {n: sum(case.inputs[r][n] for r in range(p)) for n, _ in case.info["shapes"]}
     mean = {n: t / p for n, t in total.items()}
     for r, out in enumerate(result.outputs):
-        for name, _ in case.info["shapes"]:
-            got = np.asarray(out[name])
+        for (name, _), got in zip(case.info["shapes"], out):
             if np.array_equal(got, mean[name]):
                 continue
             fail = Failure(case.label, "the averaged gradients are exact",
