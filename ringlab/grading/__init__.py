@@ -26,6 +26,7 @@ GRADERS = {
     "alltoall": "exercises.collectives.alltoall",
     "ring_alltoall": "exercises.collectives.ring_alltoall",
     "fix_ring_allgather": "exercises.collectives.fix_ring_allgather",
+    "async_ps": "exercises.data_parallel.async_ps",
 }
 
 

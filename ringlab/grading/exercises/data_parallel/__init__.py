@@ -1,0 +1,1 @@
+"""Graders of Part 2, data parallelism."""
