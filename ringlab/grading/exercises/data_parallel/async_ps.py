@@ -153,9 +153,14 @@ def check(program, case, backend="sim"):
         for k, e in enumerate(up[w]):
             want = task.gradient(res.payload(down[w][k]), w, k)
             if not np.array_equal(res.payload(e), want):
+                older = k and np.array_equal(
+                    res.payload(e), task.gradient(res.payload(down[w][k - 1]), w, k))
                 return fail("each gradient is computed from the parameters the worker was sent",
                             f"worker {w}'s gradient {k} is not task.work of the parameters it "
-                            f"received before it",
+                            f"received before it" + (
+                                f": it is computed from the parameters of pull {k - 1}, so the "
+                                f"worker pushed again without waiting for fresh ones"
+                                if older else ""),
                             hint="Push exactly what task.work(comm, params, k) returns, for the "
                                  "params of the latest comm.recv(0).")
 
@@ -208,7 +213,8 @@ def check(program, case, backend="sim"):
             if v < floor:
                 return fail("the server sends the current parameters",
                             f"worker {w}'s parameters at step {e.step} are version {v}, without "
-                            f"its own gradient {k - 1} (applied as update {floor})",
+                            f"its own gradient {k - 1}, which arrived as gradient {floor - 1}: "
+                            f"version {floor} and later hold it",
                             hint="Apply the gradient first, then reply with the parameters.")
             version[w, k] = v
 
