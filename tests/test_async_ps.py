@@ -231,6 +231,51 @@ def reply_first(comm, task, s):
     return params, log
 
 
+def swaps_pairs(comm, task, s):
+    """Receives with recv_any, but applies each pair of arrivals the other way round."""
+    params, log, read, issued = task.init.copy(), [], {}, 0
+    for w in range(1, comm.world_size):
+        read[w], issued = 0, issued + 1
+        comm.send(params, w)
+    while len(log) < issued:
+        got = [comm.recv_any()]
+        if len(log) + 1 < issued:
+            got.append(comm.recv_any())
+        for w, grad in reversed(got):                 # BUG: the later one first
+            log.append((w, read[w]))
+            params -= task.lr * grad
+        for w, _ in got:
+            if issued < task.updates:
+                read[w], issued = len(log), issued + 1
+                comm.send(params, w)
+            else:
+                comm.send(np.empty(0), w)
+    return params, log
+
+
+def swaps_pairs_quietly(comm, task, s):
+    """Swaps pairs too, but logs them in arrival order, as if it did not."""
+    params, log, read, issued = task.init.copy(), [], {}, 0
+    for w in range(1, comm.world_size):
+        read[w], issued = 0, issued + 1
+        comm.send(params, w)
+    while len(log) < issued:
+        got = [comm.recv_any()]
+        if len(log) + 1 < issued:
+            got.append(comm.recv_any())
+        for w, _ in got:
+            log.append((w, read[w]))
+        for w, grad in reversed(got):                 # BUG: the later one first
+            params -= task.lr * grad
+        for w, _ in got:
+            if issued < task.updates:
+                read[w], issued = len(log), issued + 1
+                comm.send(params, w)
+            else:
+                comm.send(np.empty(0), w)
+    return params, log
+
+
 WRONG = {
     "drops a gradient": (
         variant("params -= task.lr * grad", "params -= task.lr * grad * (len(log) != 5)"),
@@ -242,6 +287,12 @@ WRONG = {
     "round robin": (
         with_server(round_robin), "gradients are applied in the order they arrive",
         ["but gradient", "to arrive came from worker", "recv_any"]),
+    "swaps pairs": (
+        with_server(swaps_pairs), "gradients are applied in the order they arrive",
+        ["log entry 0 is a gradient of worker"]),
+    "swaps pairs, logs arrival order": (
+        with_server(swaps_pairs_quietly), "the server applies every gradient once",
+        ["up to rounding: applied in another order"]),
     "ignores s (never waits)": (
         variant("clock[v] - slowest <= s", "True"), "staleness never above s",
         ["s = 0", "Hold a worker's reply back"]),
