@@ -1,85 +1,112 @@
 """The ``ringlab`` command.
 
-    ringlab grade NOTEBOOK...     run notebooks headless and print their grades
-                                  (--csv FILE: one row per grader and notebook, for a class)
+    ringlab grade NOTEBOOK...     run notebooks headless and grade them, trusting none of
+                                  their output (see ringlab/grading/trusted.py); --csv FILE,
+                                  --json FILE: one row per notebook and exercise, for a class
     ringlab make-exercises        regenerate exercises/ from solutions/ (--check: only compare)
 
-``grade`` exits 0 only if every notebook ran without a failing cell and every
-grader in it passed.
+``grade`` exits 0 only if every exercise of every notebook passed.
 """
 
 import argparse
 import csv
 import json
-import os
+import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from .grading.trusted import FIELDS
 
-def grade_notebook(path, timeout=600):
-    """Execute one notebook; return (reports, errors) where reports are the dicts
-    ``ringlab.grade`` logged and errors describe cells that raised."""
-    import nbformat
-    from nbclient import NotebookClient
 
-    nb = nbformat.read(path, as_version=4)
+def _write(args, rows):
+    """CSV and JSON rewritten after every notebook: a long class run keeps what it has done."""
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            writer = csv.DictWriter(f, FIELDS, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps([{k: r.get(k) for k in FIELDS} for r in rows], indent=1))
+
+
+def _grade_here(args, path):
+    from .grading.trusted import grade_notebook
+    try:
+        return grade_notebook(path, timeout=args.timeout, memory_mb=args.memory_mb, seed=args.seed,
+                              override=_override(args))
+    except Exception as e:  # noqa: BLE001 - one notebook never stops the class run
+        return [{"notebook": str(path), "exercise": "", "result": "error",
+                 "reason": f"the grader failed: {type(e).__name__}: {e}"}]
+
+
+def _grade_apart(args, path):
+    """--jobs: each notebook in a grader process of its own, so that one that
+    brings its grader down costs only its own row."""
     with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "grades.jsonl"
-        old = os.environ.get("RINGLAB_GRADE_LOG")
-        os.environ["RINGLAB_GRADE_LOG"] = str(log)   # the kernel inherits it
+        out = Path(tmp) / "rows.json"
+        cmd = [sys.executable, "-m", "ringlab.cli", "grade", str(path), "--json", str(out), "--quiet",
+               "--timeout", str(args.timeout), "--memory-mb", str(args.memory_mb)]
+        cmd += ["--seed", str(args.seed)] if args.seed is not None else []
+        cmd += [a for e in args.exercise or [] for a in ("--exercise", e)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
         try:
-            client = NotebookClient(nb, timeout=timeout, allow_errors=True, kernel_name="python3",
-                                    resources={"metadata": {"path": str(Path(path).parent)}})
-            client.execute()
-        finally:
-            if old is None:
-                os.environ.pop("RINGLAB_GRADE_LOG")
-            else:
-                os.environ["RINGLAB_GRADE_LOG"] = old
-        reports = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    errors = []
-    for i, cell in enumerate(nb.cells):
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
-                errors.append(f"cell {i + 1} raised {out['ename']}: {out['evalue']}")
-    return reports, errors
+            return json.loads(out.read_text())
+        except (OSError, ValueError):
+            return [{"notebook": str(path), "exercise": "", "result": "error",
+                     "reason": f"the grader process failed (exit code {proc.returncode}): {proc.stderr[-300:]}"}]
 
 
-CSV_FIELDS = ("notebook", "exercise", "result", "cases_passed", "cases_total", "failed_check", "seed",
-              "cell_errors")
+def _override(args):
+    if not args.exercise:
+        return None
+    pairs = [e.partition("=") for e in args.exercise]
+    return {ex: fn or ex for ex, _, fn in pairs}
 
 
-def _rows(path, reports, errors):
-    """The CSV rows of one notebook: one per grader run, or one saying none ran."""
-    base = {"notebook": str(path), "cell_errors": " | ".join(errors)}
-    if not reports:
-        return [{**base, "result": "no grader ran"}]
-    return [{**base, "exercise": r["exercise"], "seed": r.get("seed"),
-             "result": "passed" if r["passed"] else "not implemented" if r["not_implemented"] else "failed",
-             "cases_passed": r.get("cases_passed"), "cases_total": r.get("cases_total"),
-             "failed_check": r.get("check") or ""} for r in reports]
+def _print_notebook(path, rows, quiet):
+    if quiet:
+        return
+    seconds = max((r.get("seconds") or 0 for r in rows), default=0)
+    print(f"== {path} ({seconds:.1f} s)")
+    for r in rows:
+        print(r.get("text") or f"{r.get('exercise') or '-'}: {r['result']}: {r.get('reason', '')}")
+        if r.get("cell_errors"):
+            print(f"   (cells that raised: {r['cell_errors']})")
+
+
+def _summary(rows):
+    print("\nSummary")
+    width = max([len(str(r["notebook"])) for r in rows] + [8])
+    print(f"{'notebook':<{width}}  {'exercise':<20} {'result':<16} cases   reason")
+    for r in rows:
+        cases = f"{r.get('cases_passed')}/{r.get('cases_total')}" if r.get("cases_total") else "-"
+        print(f"{r['notebook']:<{width}}  {r.get('exercise') or '-':<20} {r['result']:<16} {cases:<7} "
+              f"{(r.get('reason') or '')[:70]}")
 
 
 def _grade(args):
-    ok, rows = True, []
-    for path in args.notebooks:
-        print(f"== {path}")
-        reports, errors = grade_notebook(path, timeout=args.timeout)
-        for e in errors:
-            print(f"ERROR: {e}")
-        for r in reports:
-            print(r["text"])
-        if not reports:
-            print("no grader ran in this notebook (is there a ringlab.grade(...) cell?)")
-        ok = ok and not errors and bool(reports) and all(r["passed"] for r in reports)
-        rows += _rows(path, reports, errors)
-        if args.csv:       # written after every notebook: a long class run keeps what it has done
-            with open(args.csv, "w", newline="") as f:
-                writer = csv.DictWriter(f, CSV_FIELDS)
-                writer.writeheader()
-                writer.writerows(rows)
-    print("PASSED" if ok else "FAILED")
+    rows_by_index = {}
+
+    def done(i, path, rows):
+        rows_by_index[i] = rows
+        _print_notebook(path, rows, args.quiet)
+        _write(args, [r for k in sorted(rows_by_index) for r in rows_by_index[k]])
+
+    if args.jobs > 1:
+        with ThreadPoolExecutor(args.jobs) as pool:
+            futures = {pool.submit(_grade_apart, args, p): (i, p) for i, p in enumerate(args.notebooks)}
+            for future in as_completed(futures):
+                done(*futures[future], future.result())
+    else:
+        for i, path in enumerate(args.notebooks):
+            done(i, path, _grade_here(args, path))
+    rows = [r for k in sorted(rows_by_index) for r in rows_by_index[k]]
+    ok = bool(rows) and all(r["result"] == "passed" for r in rows)
+    if not args.quiet:
+        _summary(rows)
+        print("PASSED" if ok else "FAILED")
     return 0 if ok else 1
 
 
@@ -97,7 +124,14 @@ def main(argv=None):
     g = sub.add_parser("grade", help="run notebooks headless and print their grades")
     g.add_argument("notebooks", nargs="+")
     g.add_argument("--timeout", type=int, default=600, help="seconds per cell")
-    g.add_argument("--csv", metavar="FILE", help="also write one row per grader and notebook to FILE")
+    g.add_argument("--memory-mb", type=int, default=512, help="memory per rank process, MiB")
+    g.add_argument("--seed", type=int, help="fix the graders' random data")
+    g.add_argument("--exercise", action="append", metavar="ID[=FUNCTION]",
+                   help="grade this exercise (function FUNCTION, default ID) whatever the notebook says")
+    g.add_argument("--jobs", type=int, default=1, help="grade this many notebooks at once")
+    g.add_argument("--csv", metavar="FILE", help="also write one row per notebook and exercise to FILE")
+    g.add_argument("--json", metavar="FILE", help="the same rows as JSON")
+    g.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
     g.set_defaults(func=_grade)
     m = sub.add_parser("make-exercises", help="regenerate exercises/ from solutions/")
     m.add_argument("--root", default=".")

@@ -32,4 +32,4 @@ def run(program, inputs, *, args=(), kwargs=None, mode="buffered", timeout=10.0,
                        network=network)
     from . import backends
     return backends.run(backend, program, inputs, args=args, kwargs=kwargs, timeout=timeout,
-                        check_unreceived=check_unreceived)
+                        check_unreceived=check_unreceived, record_payloads=record_payloads)

@@ -84,6 +84,10 @@ def test_recursive_doubling_allgather_on_powers_of_two(k, length, seed):
     # In step s partners differ in bit s-1 only, and exchange 2^(s-1) blocks.
     for e in res.trace:
         assert e.src ^ e.dst == 2 ** (e.step - 1) and e.nbytes == 2 ** (e.step - 1) * length * 8
+        # The label names the blocks sent: the sender's group of 2^(s-1) consecutive blocks.
+        size = 2 ** (e.step - 1)
+        first = e.src // size * size
+        assert e.chunk == tuple(range(first, first + size)) and e.op == "copy"
 
 
 @pytest.mark.parametrize("n", [3, 5, 6, 12])

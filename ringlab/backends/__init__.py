@@ -42,7 +42,8 @@ def available(backend="torch"):
     return backend in BACKENDS and importlib.util.find_spec("torch") is not None
 
 
-def run(backend, program, inputs, *, args=(), kwargs=None, timeout=10.0, check_unreceived=True):
+def run(backend, program, inputs, *, args=(), kwargs=None, timeout=10.0, check_unreceived=True,
+        record_payloads=False):
     """``ringlab.run(..., backend=...)`` for every backend but the simulator."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; known: 'sim', {', '.join(map(repr, BACKENDS))}")
@@ -50,7 +51,7 @@ def run(backend, program, inputs, *, args=(), kwargs=None, timeout=10.0, check_u
         raise ImportError(f"backend={backend!r} needs PyTorch: pip install 'ringlab[torch]'")
     from .torch import supervisor
     return supervisor.run(BACKENDS[backend], program, inputs, args=args, kwargs=kwargs, timeout=timeout,
-                    check_unreceived=check_unreceived)
+                          check_unreceived=check_unreceived, record_payloads=record_payloads)
 
 
 def shutdown():

@@ -44,7 +44,18 @@ def explain(err):
     # A message for a waiting rank from someone else: the two sides disagree about the peer.
     stray = next((e for e in in_flight or () if e.dst in waits
                   and waits[e.dst] != ("recv", e.src) and waits[e.dst][0] == "recv"), None)
-    if stray is not None:
+    # Whose side is wrong? If another rank waits for the sender, and the sender sent to that
+    # rank before, the sender has changed its target: blame the send, not the receive.
+    wanted_by = None if stray is None else next(
+        (q for q, w in sorted(waits.items()) if w == ("recv", stray.src) and q != stray.dst
+         and any(e.src == stray.src and e.dst == q for e in trace or ())), None)
+    if stray is not None and wanted_by is not None:
+        words += (f"\nMeanwhile rank {stray.src} sent rank {stray.dst} a message at step {stray.step} "
+                  f"that was never received, while rank {wanted_by} waits for a message from rank {stray.src}.")
+        hint = (f"Rank {stray.src} sent to rank {stray.dst}, but rank {wanted_by} (to which it sent before) "
+                f"waits for it: a send names the wrong peer (dst). The rank you send to must be the rank "
+                f"that receives from you; compute it on both sides with the same formula.")
+    elif stray is not None:
         words += (f"\nMeanwhile rank {stray.src} sent rank {stray.dst} a message at step {stray.step} "
                   f"that was never received: rank {stray.dst} waits for rank {waits[stray.dst][1]} instead.")
         hint = (f"Rank {stray.dst}'s message comes from rank {stray.src}, but it receives from rank "

@@ -9,6 +9,7 @@ where, and what to try.
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import html
 import secrets
@@ -19,6 +20,17 @@ import numpy as np
 from ..errors import DeadlockError, ProgramTimeout, RankError, UnreceivedMessagesError
 from ..runner import run
 from . import deadlock
+from .guard import guarded, without_guard_frames
+
+
+# What runs a case: ``ringlab.run`` (all ranks in this process), or, for trusted
+# grading (``ringlab grade``), ``ringlab.grading.isolated.runner()``, one process
+# per rank. Graders call ``run_case``/``active_runner()`` and never need to know.
+_RUNNER = contextvars.ContextVar("ringlab_runner", default=None)
+
+
+def active_runner():
+    return _RUNNER.get() or run      # `run` looked up now: tests may patch it
 
 
 @dataclass
@@ -60,6 +72,7 @@ class Report:
     world_sizes: tuple = ()
     failure: Failure | None = None
     not_implemented: bool = False
+    backend: str = "sim"
 
     def __bool__(self):
         return self.passed
@@ -81,7 +94,9 @@ class Report:
             lines.append(f"Got:      {_indent(f.got)}")
         if f.hint:
             lines.append(f"Hint:     {_indent(f.hint)}")
-        lines += ["", f'Reproduce: ringlab.grade("{self.exercise}", program, seed={self.seed})']
+        # The backend too: a failure on real processes may not happen in the simulator.
+        backend = "" if self.backend == "sim" else f", backend={self.backend!r}"
+        lines += ["", f'Reproduce: ringlab.grade("{self.exercise}", program, seed={self.seed}{backend})']
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -96,18 +111,46 @@ def _indent(text):
     return str(text).replace("\n", "\n          ")
 
 
+def numbers(values, count=4):
+    """Values as plain numbers for a report, "[1.5, -2.25, ...]": never numpy's
+    reprs (``np.float64(1.5)``), and at most ``count`` of them."""
+    flat = np.ravel(np.asarray(values, dtype=object))
+    shown = ", ".join(_number(v) for v in flat[:count])
+    return f"[{shown}{', ...' if len(flat) > count else ''}]"
+
+
+def _number(v):
+    try:
+        return f"{float(v):.10g}"
+    except (TypeError, ValueError):
+        return repr(v)[:40]
+
+
 def run_case(program, case, backend="sim", **kw):
     """Run one case; return (RunResult, None) or (None, Failure). Learner bugs
-    become Failures with a diagnosis; a stub raises NotImplementedYet."""
+    become Failures with a diagnosis; a stub raises NotImplementedYet.
+
+    Every run records payloads, on every backend; in the simulator the program
+    gets its own copy of every array it receives (see ``guard.py``), and
+    ``result.handed`` lists those copies, to tell later what a receiver
+    changed in place."""
     inputs = copy.deepcopy(case.inputs)   # a program may modify its input in place
+    handed = []
+    kw.setdefault("record_payloads", True)     # the content checks read what messages carried
+    if backend == "sim" and _RUNNER.get() is None:
+        # All ranks in one process: each gets its own copy of what it receives.
+        # (Real processes and isolated runs copy every message anyway.)
+        program = guarded(program, handed)
     try:
-        return run(program, inputs, args=case.args, timeout=kw.pop("timeout", 10.0),
-                   backend=backend, **kw), None
+        result = active_runner()(program, inputs, args=case.args, timeout=kw.pop("timeout", 10.0),
+                                 backend=backend, **kw)
+        result.handed = handed
+        return result, None
     except RankError as e:
         if isinstance(e.exc, NotImplementedError):
             raise NotImplementedYet from e
         return None, Failure(case.label, "the program runs without error", e.headline,
-                             got=e.program_traceback.rstrip(),
+                             got=without_guard_frames(e.program_traceback).rstrip(),
                              hint="Read the last line of your code in the traceback above; the "
                                   "error happened there, on the rank named.", error=e)
     except DeadlockError as e:
@@ -122,9 +165,23 @@ def run_case(program, case, backend="sim", **kw):
                                   "one for one (one step too many on the sending side?).", error=e)
 
 
-def check_outputs_shape(result, case, expected_shape):
-    """Every rank returned a numpy array of the expected shape, or a Failure."""
+def check_outputs_shape(result, case, expected_shape, receives=None):
+    """Every rank returned a plain float64 numpy array of the expected shape, or
+    a Failure. ``receives(r)``: whether rank r must receive something (default:
+    every rank when N > 1), to tell a rank that never got its data from one
+    that forgot its ``return``."""
+    receives = receives or (lambda r: case.world_size > 1)
     for r, out in enumerate(result.outputs):
+        if out is None and receives(r) and not any(e.dst == r for e in result.trace):
+            return Failure(case.label, "every rank returns its result",
+                           f"rank {r} returned NoneType: it never received a message",
+                           expected=f"a numpy array of shape {expected_shape}", got="None",
+                           hint=f"Rank {r} got no data, so it had nothing to return: check the "
+                                f"condition or loop that decides when rank {r} receives, and which "
+                                f"rank sends to it.")
+        failure = plain_array(case, f"rank {r}", out, f"a numpy array of shape {expected_shape}")
+        if failure:
+            return failure
         if not isinstance(out, np.ndarray):
             pieces = isinstance(out, (list, tuple)) and out and all(isinstance(p, np.ndarray) for p in out)
             return Failure(case.label, "every rank returns its result",
@@ -142,11 +199,38 @@ def check_outputs_shape(result, case, expected_shape):
     return None
 
 
-def grade_cases(exercise_id, module, program, *, seed=None, backend="sim"):
+def plain_array(case, who, out, expected):
+    """A Failure if ``out`` is an ndarray that is not a plain float64 one: an
+    ndarray subclass may redefine ``==`` and numpy's functions (so a comparison
+    would say "equal" whatever it holds), and another dtype is not the data."""
+    if isinstance(out, np.ndarray) and type(out) is not np.ndarray:
+        return Failure(case.label, "every rank returns its result",
+                       f"{who} returned a {type(out).__name__}, a subclass of numpy.ndarray",
+                       expected=f"{expected}: a plain numpy.ndarray", got=type(out).__name__,
+                       hint="Return a plain array: np.asarray(result) or result.copy() of a plain one.")
+    if isinstance(out, np.ndarray) and out.dtype != np.float64:
+        return Failure(case.label, "every rank returns its result",
+                       f"{who} returned an array of dtype {out.dtype}",
+                       expected=f"{expected}, dtype float64 like the inputs", got=f"dtype {out.dtype}",
+                       hint="Keep the data float64: no conversion to another type on the way.")
+    return None
+
+
+def grade_cases(exercise_id, module, program, *, seed=None, backend="sim", runner=None):
+    """Run ``module``'s cases on ``program``; ``runner`` replaces ``ringlab.run``."""
+    token = _RUNNER.set(runner) if runner is not None else None
+    try:
+        return _grade_cases(exercise_id, module, program, seed, backend)
+    finally:
+        if token is not None:
+            _RUNNER.reset(token)
+
+
+def _grade_cases(exercise_id, module, program, seed, backend):
     seed = secrets.randbelow(10**6) if seed is None else seed
     cases = list(module.cases(np.random.default_rng(seed)))
     sizes = tuple(sorted({c.world_size for c in cases}))
-    report = Report(exercise_id, False, seed, 0, len(cases), sizes)
+    report = Report(exercise_id, False, seed, 0, len(cases), sizes, backend=backend)
     try:
         for case in cases:
             failure = module.check(program, case, backend)

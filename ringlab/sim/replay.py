@@ -2,13 +2,26 @@
 
 In the one-port model a message's step depends on the *receiver's* port too
 (it may be busy with another sender's message), which a sending process
-cannot know. So real processes only log, in program order, what each rank did
-(``("send", dst, tag)``, ``("recv", src, tag, k)`` for the k-th receive waited
-on a channel, ``("enter", name)``/``("exit",)`` for spans), and the simulator
-replays those logs with empty messages: same calls, same order, so the same
-steps, as if the program had run here.
+cannot know. So real processes only log, in program order, what each rank did,
+and the simulator replays those logs with empty messages: same calls, same
+order, so the same steps, as if the program had run here.
 
-    >>> logs = [[("send", 1, 0), ("send", 2, 0)], [("recv", 0, 0, 0)], [("recv", 0, 0, 0)]]
+A rank's log is ``(program_log, work_logs)``: what its program did, and what
+each of its ``comm.start`` works did (in start order). Peers are global ranks,
+``group`` is the group's label (None: the whole world); the stream is that of
+the log (program or work):
+
+* ``("send", dst, tag, group)``;
+* ``("recv", src, tag, k, group)``: the k-th receive waited on that channel
+  (a ``recv_any`` is logged as a receive from the rank it got a message from);
+* ``("enter", name, group)`` / ``("exit",)``: spans;
+* ``("new_group", parent, ranks, name)`` (``ranks`` in the parent's numbers);
+  ``("agree", group, what, value)``: a barrier or split;
+* ``("compute", seconds)``: simulated time orders the ports, so it is replayed;
+* ``("start", i, group)``: start work i; ``("wait_work", i)``.
+
+    >>> logs = [([("send", 1, 0, None), ("send", 2, 0, None)], []),
+    ...         ([("recv", 0, 0, 0, None)], []), ([("recv", 0, 0, 0, None)], [])]
     >>> [(e.step, e.src, e.dst) for e in replay(logs).events]
     [(1, 0, 1), (2, 0, 2)]
 """
@@ -22,24 +35,49 @@ import numpy as np
 _EMPTY = np.empty(0)
 
 
-def _replayer(comm, log):
-    posted = defaultdict(list)             # (src, tag) -> irecv requests posted so far
+def _replayer(comm, logs):
+    log, work_logs = logs
+    _replay(comm, log, work_logs, {}, defaultdict(list))
+
+
+def _replay(comm, log, work_logs, works, posted):
+    """Redo ``log`` on ``comm``. ``posted``: (group, src, tag) -> irecvs posted so
+    far, shared by the works of a rank (they run one after another)."""
+    comms = {comm.group.label: comm}       # label -> this actor's Comm of that group
     spans = []
+    work_posted = defaultdict(list)
     for op in log:
         kind = op[0]
         if kind == "send":
-            comm.isend(_EMPTY, op[1], tag=op[2])
+            _, dst, tag, group = op
+            c = comms[group]
+            c.isend(_EMPTY, c._index[dst], tag=tag)
         elif kind == "recv":
-            _, src, tag, k = op
-            reqs = posted[(src, tag)]
+            _, src, tag, k, group = op
+            c, reqs = comms[group], posted[(group, src, tag)]
             while len(reqs) <= k:          # receives on a channel match in order
-                reqs.append(comm.irecv(src, tag=tag))
+                reqs.append(c.irecv(c._index[src], tag=tag))
             reqs[k].wait()
         elif kind == "enter":
-            spans.append(comm.span(op[1]))
+            spans.append(comms[op[2]].span(op[1]))
             spans[-1].__enter__()
         elif kind == "exit":
             spans.pop().__exit__(None, None, None)
+        elif kind == "new_group":
+            _, parent, ranks, name = op
+            sub = comms[parent].new_group(ranks, name)
+            if sub is not None:
+                comms[sub.group.label] = sub
+        elif kind == "agree":
+            _, group, what, value = op
+            comms[group]._world._agree(comms[group], value, what)
+        elif kind == "compute":
+            comm.compute(op[1])
+        elif kind == "start":
+            _, i, group = op
+            works[i] = comms[group].start(_replay, work_logs[i], work_logs, works, work_posted)
+        elif kind == "wait_work":
+            works[op[1]].wait()
 
 
 def replay(logs, timeout=30.0):
@@ -53,14 +91,18 @@ def replay(logs, timeout=30.0):
         return None
 
 
+def _channel(e):
+    return (e.group, e.stream, e.src, e.dst, e.tag, e.seq)
+
+
 def restamp(events, spans, logs):
     """``events`` and ``spans`` with the one-port steps of the replayed ``logs``;
     unchanged if the logs do not replay."""
     trace = replay(logs)
     if trace is None:
         return events, spans
-    steps = {(e.src, e.dst, e.tag, e.seq): e.step for e in trace.events}
-    if len(steps) != len(events) or any((e.src, e.dst, e.tag, e.seq) not in steps for e in events):
+    steps = {_channel(e): e.step for e in trace.events}
+    if len(steps) != len(events) or any(_channel(e) not in steps for e in events):
         return events, spans
-    events = [e._replace(step=steps[(e.src, e.dst, e.tag, e.seq)]) for e in events]
+    events = [e._replace(step=steps[_channel(e)]) for e in events]
     return events, trace.spans

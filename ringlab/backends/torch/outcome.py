@@ -20,8 +20,11 @@ class Outcome:
     result: object = None
     events: list = field(default_factory=list)
     spans: list = field(default_factory=list)
+    payloads: dict | None = None                     # payload_key -> array, if recorded
     log: list = field(default_factory=list)          # what the program did (sim.replay)
-    received: dict = field(default_factory=dict)     # (src, tag) -> count, incl. unwaited irecvs
+    work_logs: list = field(default_factory=list)    # what each comm.start work did, in start order
+    computes: list = field(default_factory=list)     # Compute events (real seconds)
+    received: dict = field(default_factory=dict)     # (group, stream, src, tag) -> count, incl. unwaited irecvs
     unwaited: dict = field(default_factory=dict)
     error: BaseException | None = None
     step: int = 0
@@ -34,9 +37,10 @@ def leftovers(outcomes):
     """Events sent but never received, given every rank's Outcome."""
     got = {}
     for o in outcomes:
-        for (src, tag), n in o.received.items():
-            got[(src, o.rank, tag)] = n
-    return [e for o in outcomes for e in o.events if e.seq >= got.get((e.src, e.dst, e.tag), 0)]
+        for (group, stream, src, tag), n in o.received.items():
+            got[(group, stream, src, o.rank, tag)] = n
+    return [e for o in outcomes for e in o.events
+            if e.seq >= got.get((e.group, e.stream, e.src, e.dst, e.tag), 0)]
 
 
 def merged_trace(outcomes):
@@ -47,8 +51,8 @@ def merged_trace(outcomes):
     spans = [s for o in outcomes for s in o.spans]
     left = leftovers(outcomes)
     if not left:
-        events, spans = restamp(events, spans, [o.log for o in outcomes])
-    return Trace(events, len(outcomes), spans, left)
+        events, spans = restamp(events, spans, [(o.log, o.work_logs) for o in outcomes])
+    return Trace(events, len(outcomes), spans, left, [c for o in outcomes for c in o.computes])
 
 
 def drain_plan(outcomes):
@@ -56,15 +60,16 @@ def drain_plan(outcomes):
     sent = defaultdict(int)
     for o in outcomes:
         for e in o.events:
-            sent[(e.src, e.dst, e.tag)] += 1
+            sent[(e.group, e.stream, e.src, e.dst, e.tag)] += 1
     plan = {}
     for o in outcomes:
         drain = {}
-        for (src, tag), unwaited in o.unwaited.items():
-            waited = o.received[(src, tag)] - unwaited    # received counts the unwaited too
-            due = sent[(src, o.rank, tag)] - waited       # sent, not received by a wait()
+        for (group, stream, src, tag), unwaited in o.unwaited.items():
+            key = (group, stream, src, tag)
+            waited = o.received[key] - unwaited                     # received counts the unwaited too
+            due = sent[(group, stream, src, o.rank, tag)] - waited  # sent, not received by a wait()
             if due > 0:
-                drain[(src, tag)] = min(unwaited, due)
+                drain[key] = min(unwaited, due)
         plan[o.rank] = drain
     return plan
 

@@ -6,7 +6,9 @@ tag 0, my clock is 3". The parent reads all blocks to tell a deadlock (every
 unfinished rank waits, and nothing is on its way to any of them) from a slow
 program, and to name the ranks still waiting when it gives up.
 
-Layout: int64 words [state, peer, tag, clock, 4 spare], then ``sent[MAX_RANKS]``
+Only the program's thread reports here, not a rank's ``comm.start`` works.
+
+Layout: int64 words [state, peer (a global rank; -1 for recv_any), tag, clock, 4 spare], then ``sent[MAX_RANKS]``
 (messages this rank sent to each rank) and ``received[MAX_RANKS]``; after
 that, from byte ``TEXT``, a length and some UTF-8 text (the stack of a rank
 that ran out of time). No torch here: the parent imports this module.
@@ -17,9 +19,10 @@ import os
 
 import numpy as np
 
-IDLE, RUNNING, RECV, SEND, DONE, FAILED = range(6)
+IDLE, RUNNING, RECV, SEND, DONE, FAILED, AGREE = range(7)
 NAMES = {IDLE: "idle", RUNNING: "running", RECV: "waiting in recv", SEND: "waiting in send",
-         DONE: "finished", FAILED: "failed"}
+         DONE: "finished", FAILED: "failed",
+         AGREE: "waiting in a barrier, split, new_group or work.wait()"}
 MAX_RANKS = 64
 # Where things are in the block, in int64 words (see the layout above). SENT and
 # RECEIVED are where the two counter arrays start: sent[dst] is word SENT + dst.

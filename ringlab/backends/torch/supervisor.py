@@ -39,7 +39,8 @@ from .pool import dumps_program, get_pool
 POLL = 0.05                # seconds between looks at the status blocks
 
 
-def run(backend, program, inputs, *, args=(), kwargs=None, timeout=10.0, check_unreceived=True):
+def run(backend, program, inputs, *, args=(), kwargs=None, timeout=10.0, check_unreceived=True,
+        record_payloads=False):
     """``ringlab.run`` on real processes with torch.distributed ``backend``
     ("gloo" or "nccl"): a ``RunResult``, or the simulator's errors."""
     inputs = list(inputs)
@@ -49,7 +50,7 @@ def run(backend, program, inputs, *, args=(), kwargs=None, timeout=10.0, check_u
     if n > st.MAX_RANKS:
         raise ValueError(f"the local torch backend runs at most {st.MAX_RANKS} ranks; use "
                          f"`python -m ringlab.launch` under torchrun for more")
-    blobs = [dumps_program((program, x, tuple(args), kwargs or {})) for x in inputs]
+    blobs = [dumps_program((program, x, tuple(args), kwargs or {}, record_payloads)) for x in inputs]
     pool = get_pool()
     workers = pool.take(n)
     run_id = next(pool.run_ids)
@@ -72,7 +73,8 @@ def run(backend, program, inputs, *, args=(), kwargs=None, timeout=10.0, check_u
             for r, w in enumerate(workers):
                 w.send(("finish", plan[r]))
             _wait_idle(pool, workers)
-        return RunResult([o.result for o in outcomes], trace, None)
+        payloads = {k: v for o in outcomes for k, v in (o.payloads or {}).items()} if record_payloads else None
+        return RunResult([o.result for o in outcomes], trace, payloads)
     except BaseException:
         pool.discard(workers, replace=True)
         raise
@@ -178,9 +180,16 @@ def _deadlock(snaps):
     """``{rank: what it waits for}`` if no rank can ever move again, else None.
 
     A rank can move if it runs; if it waits in recv and a message from the rank
-    it waits for is on its way (sent, not yet received: maybe of another tag,
-    so we can't be sure it helps); or if it waits for a send to complete and the
-    receiver has already received it (gloo tells the sender a little later)."""
+    it waits for is on its way (sent, not yet received: maybe of another tag or
+    group, so we can't be sure it helps; for ``recv_any``, from anyone); or if it
+    waits for a send to complete and the receiver has already received it (gloo
+    tells the sender a little later). Counts are per pair of global ranks, over
+    all groups, and only of the programs' messages.
+
+    Not covered (the run ends at its timeout instead): a rank waiting in a
+    barrier, split, new_group or ``work.wait()`` (state AGREE counts as "may
+    move"), and anything the ``comm.start`` works wait for (their threads don't
+    report here)."""
     def in_flight(src, dst):
         return snaps[src][st.SENT + dst] > snaps[dst][st.RECEIVED + src]
 
@@ -189,7 +198,8 @@ def _deadlock(snaps):
         state, peer = int(words[st.STATE]), int(words[st.PEER])
         if state == st.DONE:
             continue
-        if state == st.RECV and not in_flight(peer, r):
+        if state == st.RECV and not (in_flight(peer, r) if peer >= 0 else
+                                     any(in_flight(s, r) for s in range(len(snaps)))):
             waiting[r] = st.describe(words)
         elif state == st.SEND and in_flight(r, peer):
             waiting[r] = st.describe(words)
@@ -200,7 +210,7 @@ def _deadlock(snaps):
 
 def _timeout_error(workers, snaps, timeout, program, outcomes):
     running = [r for r, s in enumerate(snaps) if s[st.STATE] in (st.RUNNING, st.IDLE)]
-    waiting = {r: st.describe(s) for r, s in enumerate(snaps) if s[st.STATE] in (st.RECV, st.SEND)}
+    waiting = {r: st.describe(s) for r, s in enumerate(snaps) if s[st.STATE] in (st.RECV, st.SEND, st.AGREE)}
     finished = [r for r, s in enumerate(snaps) if s[st.STATE] == st.DONE]
     if not running and waiting:
         return DeadlockError(waiting, finished, _trace_so_far(workers, outcomes))

@@ -113,7 +113,7 @@ def main(conn_fd, status_fd, side_fd):
             if p not in sys.path:
                 sys.path.insert(0, p)
         try:
-            program, x, args, kwargs = pickle.loads(blob)
+            program, x, args, kwargs, record_payloads = pickle.loads(blob)
         except BaseException as e:  # noqa: BLE001 - e.g. the program's module is not importable here
             conn.send_bytes(dumps(("outcome", Outcome(rank, **error_report(e)))))
             continue
@@ -127,7 +127,8 @@ def main(conn_fd, status_fd, side_fd):
             continue
         conn.send_bytes(pickle.dumps(("started", rank)))
         with _capture() as printed:        # what the program prints goes back with the outcome
-            world, outcome = run_rank(program, x, args, kwargs, rank, world_size, device, status)
+            world, outcome = run_rank(program, x, args, kwargs, rank, world_size, device, status,
+                                      record_payloads)
         outcome.printed = printed.getvalue()
         try:
             data = dumps(("outcome", outcome))

@@ -14,12 +14,14 @@ follow each block through the trace without relying on labels):
 3. every message carries whole blocks;
 4. every block goes straight to its destination, in a message from its
    sender to its receiver that carries nothing else;
-5. every block is sent exactly once, and a rank's own block not at all.
+5. every block is sent exactly once, and a rank's own block not at all;
+6. every block reached its destination in a message (the values of out[c]
+   alone could come from elsewhere).
 
 Any AlltoAll that sends each block once, straight to its destination, passes:
 direct (post all sends and receives), pairwise exchange (XOR or shift
 partners), any order, send/recv or isend/irecv or sendrecv, labelled or not.
-Checks 3-5 follow payloads, which only the simulator records.
+Checks 3-6 follow payloads, which only the simulator records.
 """
 
 from ... import blocks as B, checks
@@ -60,7 +62,7 @@ def check(program, case, backend="sim"):
                            + ", ".join(str(e.step) for e in events),
                            expected="once", got=f"{len(events)} times",
                            hint="Send each block once; the receiver keeps it.")
-    return None
+    return B.undelivered(case, carried)
 
 
 def _misroute_hint(e, block, hub):

@@ -10,7 +10,9 @@ and a random other rank, fresh random data):
 1. it runs: no exception, deadlock, endless loop or unreceived message;
 2. every rank returns exactly the root's data;
 3. the root receives nothing, every other rank receives exactly one message;
-4. at most ceil(log2 N) steps.
+4. at most ceil(log2 N) steps;
+5. every message carries the root's data, all of it, unchanged (read from
+   the recorded payloads, in the simulator).
 
 With one send per step, a broadcast can at best double the number of ranks
 that have the data in every step, so ceil(log2 N) steps is the minimum, and
@@ -64,7 +66,7 @@ def check(program, case, backend="sim"):
                                 f"double every step",
                        got=f"{trace.steps} steps",
                        hint=HINTS.get(checks.broadcast_shape(trace, n, root), GENERIC))
-    return None
+    return checks.broadcast_payloads(result, case)
 
 
 def _explain_run_failure(failure, case):

@@ -15,17 +15,23 @@ Checks, on world sizes 1 to 8 and several lengths, with fresh random data:
 4. one block per message (L elements), never several;
 5. exactly N-1 steps, and every rank sends one and receives one message
    in every step;
-6. total bytes N(N-1) L * 8: every block crosses N-1 links, once each.
+6. total bytes N(N-1) L * 8: every block crosses N-1 links, once each;
+7. every message carries exactly one rank's x, unchanged: one the sender has
+   (its own, or one it received before) and the receiver has not (read from
+   the recorded payloads, in the simulator).
+
+The data are random floats: a block cannot travel in fewer bytes than its
+own, and every message says whose x it is.
 
 Any correct ring AllGather passes: to the right, to the left, or alternating
-sides; send/recv, isend/irecv or sendrecv; labelled or not. Checks 4-6 apply
+sides; send/recv, isend/irecv or sendrecv; labelled or not. Checks 4-7 apply
 when L >= 1.
 """
 
 import numpy as np
 
 from ... import checks
-from ...report import Case, Failure, check_outputs_shape, run_case
+from ...report import Case, Failure, check_outputs_shape, numbers, run_case
 
 NAME = "ring_allgather"
 LOOP = ("Count your loop first: it must run world_size - 1 times, one block per step; with fewer "
@@ -39,14 +45,15 @@ def cases(rng):
         if n == 4:
             lengths.append(0)
         for length in lengths:
-            # Distinct whole numbers: every block can be told apart from every other.
-            values = rng.choice(2000, size=n * length, replace=False).astype(np.float64) - 1000
+            # Random floats, all different: every block can be told apart from every other,
+            # and none fits in fewer bytes.
+            values = rng.uniform(1, 2, n * length) * rng.choice([-1.0, 1.0], n * length)
             yield Case(n, list(values.reshape(n, length)), f"world_size={n}, length={length}")
 
 
 def check(program, case, backend="sim"):
     n, length = case.world_size, len(case.inputs[0])
-    result, failure = run_case(program, case, backend, record_payloads=backend == "sim")
+    result, failure = run_case(program, case, backend)
     if failure:
         return checks.steps_before_failure(failure, n - 1, f"a ring AllGather takes N-1 = {n - 1}", LOOP)
     failure = check_outputs_shape(result, case, (n * length,))
@@ -56,7 +63,7 @@ def check(program, case, backend="sim"):
     for r, out in enumerate(result.outputs):
         if not np.array_equal(out, want):
             return _wrong_result(case, result, r, out)
-    return check_allgather_trace(result.trace, case, length)
+    return check_allgather_trace(result.trace, case, length) or (length and carries_blocks(result, case)) or None
 
 
 def check_allgather_trace(trace, case, length):
@@ -86,6 +93,45 @@ def check_allgather_trace(trace, case, length):
                 hint="Send each block exactly as it is."))
 
 
+def carries_blocks(result, case):
+    """Check 7: every message is one rank's x, exactly, that the sender has and
+    the receiver lacks. With N-1 steps of one message per rank (checks 5-6)
+    every rank then receives every other rank's x."""
+    if result.payloads is None:
+        return None
+    n = case.world_size
+    has = [{r} for r in range(n)]             # whose x each rank holds so far
+    for step in sorted({e.step for e in result.trace}):
+        arrived = []
+        for e in result.trace.at_step(step):
+            p = result.payload(e)
+            q = _whose(p, case.inputs) if p.dtype == np.float64 and p.ndim == 1 else None
+            if q is None:
+                return Failure(case.label, "every message carries one rank's x",
+                               f"at step {e.step} rank {e.src} sent rank {e.dst} {p.size} values of dtype "
+                               f"{p.dtype} that are not one rank's x",
+                               expected=f"one rank's x, unchanged: {len(case.inputs[0])} float64 values",
+                               got=numbers(p),
+                               hint="Pass each block on exactly as it arrived: the grader reads every "
+                                    "message, so data packed, transformed or mixed on the way do not pass.")
+            if q not in has[e.src]:
+                return Failure(case.label, "every message carries one rank's x",
+                               f"at step {e.step} rank {e.src} sent rank {q}'s x, which it had not received",
+                               expected=f"a block rank {e.src} holds: its own or one it received earlier",
+                               got=f"rank {q}'s x", hint="A rank can only pass on what it has received.")
+            if q in has[e.dst]:
+                whose = "its own x" if q == e.dst else f"rank {q}'s x, which it already had"
+                return Failure(case.label, "every message carries one rank's x",
+                               f"at step {e.step} rank {e.src} sent rank {e.dst} {whose}",
+                               expected=f"a block rank {e.dst} does not have yet", got=f"rank {q}'s x",
+                               hint="At every step pass on the block you received in the step before: "
+                                    "your neighbour does not have that one yet.")
+            arrived.append((e.dst, q))
+        for r, q in arrived:
+            has[r].add(q)
+    return None
+
+
 def _whose(block, inputs):
     """The rank whose x equals ``block``, or None."""
     return next((q for q, x in enumerate(inputs) if len(block) == len(x) and np.array_equal(block, x)), None)
@@ -107,8 +153,11 @@ def _wrong_result(case, result, rank, out):
     fail = Failure(case.label, "every rank ends with every rank's x, in rank order",
                    f"rank {rank}'s block {s} (elements {s * length}..{(s + 1) * length - 1}) "
                    f"holds {holds}",
-                   expected=f"rank {s}'s x: {case.inputs[s][:4]}", got=f"{got[:4]}")
+                   expected=f"rank {s}'s x: {numbers(case.inputs[s])}", got=numbers(got))
     note, hint = _first_bad_message(case, result)
+    alias = _overwritten(case, result, rank, s, q)
+    if alias:
+        note, hint = alias
     if note:
         fail.what += "\nFirst went wrong: " + note
     fail.hint = hint or ("The block that arrives from your left neighbour at step k came from rank "
@@ -120,6 +169,25 @@ def _wrong_result(case, result, rank, out):
     elif length and steps != n - 1:
         fail.what += f"\nAlso: the program took {checks.steps(steps)}; a ring AllGather takes N-1 = {n - 1}."
     return fail
+
+
+def _overwritten(case, result, rank, s, q):
+    """(note, hint) when ``rank`` received rank s's x but its result holds rank
+    q's, which arrived later: the array it kept was filled again by a later
+    receive (recv(out=buf) into the same buffer, kept by reference)."""
+    if result.payloads is None or q is None:
+        return None
+    got = {}
+    for e in result.trace:
+        if e.dst == rank:
+            got.setdefault(_whose(result.payload(e).ravel(), case.inputs), e)
+    if s not in got or q not in got or got[q].step <= got[s].step:
+        return None
+    return (f"rank {rank} received rank {s}'s x at step {got[s].step}, but that array was overwritten: it "
+            f"holds rank {q}'s x, which arrived at step {got[q].step}",
+            "Aliasing: you kept a reference to the receive buffer, and a later recv(out=buf) filled the "
+            "same array again. Copy what arrives before the next receive (blocks[i] = buf.copy()), or "
+            "receive straight into its slot (recv(..., out=result[i * L:(i + 1) * L])).")
 
 
 def _first_bad_message(case, result):

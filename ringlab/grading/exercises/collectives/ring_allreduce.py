@@ -7,24 +7,35 @@ every rank returns the element-wise sum of all ranks' ``x``.
 Checks, on world sizes 1 to 8 and several lengths, with fresh random data:
 
 1. it runs: no exception, deadlock, endless loop or unreceived message;
-2. every rank returns the exact sum (wrong sums are diagnosed: which ranks'
-   contributions are missing or counted twice, where, and from which step);
+2. every rank returns the sum, a plain float64 array, exact up to rounding
+   (wrong sums are diagnosed: which ranks' contributions are missing or
+   counted twice, where, and from which step; or, when every message was
+   right, that only the value returned is wrong);
 3. it is a ring: messages only between ring neighbours;
 4. one chunk per message (at most ceil(L/N) elements), never the whole vector;
 5. exactly 2(N-1) steps, and every rank sends one and receives one message
    in every step;
-6. total bytes equal those of the bandwidth-optimal algorithm: 2(N-1) L * 8.
+6. total bytes equal those of the bandwidth-optimal algorithm: 2(N-1) L * 8;
+7. every message carries what the ring has at that step: one chunk, summed
+   over exactly the sender's and the s-1 previous ranks' contributions at
+   step s of the reduce-scatter, over all N in the all-gather (read from the
+   recorded payloads, in the simulator).
+
+The data are random floats (see ``sums.py``): nothing can travel in fewer
+bytes than the algorithm sends, and every partial sum says whose
+contributions it holds; sums are compared up to their rounding.
 
 Any correct ring AllReduce passes: either direction, any chunk numbering,
 send/recv or isend/irecv or sendrecv, in place or not, labelled or not.
-Checks 4-6 apply when the length is at least N (shorter vectors have empty
+Checks 4-7 apply when the length is at least N (shorter vectors have empty
 chunks, which a program may skip).
 """
 
 import numpy as np
 
-from ... import checks, contributions as contrib
-from ...report import Case, Failure, check_outputs_shape, run_case
+from ... import checks, contributions as contrib, sums
+from ...guard import changed_in_place
+from ...report import Case, Failure, check_outputs_shape, numbers, run_case
 
 NAME = "ring_allreduce"
 
@@ -39,8 +50,8 @@ def cases(rng):
         if n == 4:
             lengths.append(0)
         for length in lengths:
-            # Whole numbers in float64: every summation order gives the exact sum.
-            inputs = [rng.integers(-1000, 1000, length).astype(np.float64) for _ in range(n)]
+            # Random floats: every partial sum tells whose contributions it holds (sums.py).
+            inputs = sums.random_vectors(rng, n, length)
             yield Case(n, inputs, f"world_size={n}, length={length}")
 
 
@@ -54,11 +65,12 @@ def check(program, case, backend="sim"):
     failure = check_outputs_shape(result, case, (length,))
     if failure:
         return failure
-    total = np.sum(case.inputs, axis=0)
+    everyone = range(n)
     for r, out in enumerate(result.outputs):
-        if not np.array_equal(out, total):
-            return _wrong_sum(program, case, r, out, total, result.trace)
-    return check_ring_trace(result.trace, case, length)
+        if not sums.holds(out, case.inputs, everyone):
+            return _wrong_sum(program, case, r, out, result)
+    return (check_ring_trace(result.trace, case, length)
+            or (length >= n and checks.ring_partial_sums(result, case, length, "ring AllReduce")) or None)
 
 
 def check_ring_trace(trace, case, length):
@@ -83,21 +95,22 @@ def check_ring_trace(trace, case, length):
                 hint="Send each chunk exactly as np.array_split makes it."))
 
 
-def _wrong_sum(program, case, rank, out, total, trace):
+def _wrong_sum(program, case, rank, out, result):
     """Explain a wrong result exactly, using the contribution probe."""
-    n, length = case.world_size, len(case.inputs[0])
-    bad = np.flatnonzero(out != total)
-    where = f"elements {bad[0]}..{bad[-1]}" if len(bad) > 1 else f"element {bad[0]}"
-    fail = Failure(case.label, "every rank ends with the sum of all inputs",
-                   f"rank {rank} has wrong values at {len(bad)} of {length} elements ({where})",
-                   expected=f"{total[bad[:4]]}...", got=f"{out[bad[:4]]}...")
+    n, length, trace = case.world_size, len(case.inputs[0]), result.trace
+    fail = wrong_values(case, rank, out, sums.close(out, case.inputs, range(n)),
+                        np.sum(case.inputs, axis=0), "every rank ends with the sum of all inputs")
     steps = _steps_note(trace, case)
     if steps:
         fail.what += "\n" + steps
         fail.hint = "Each phase loops world_size - 1 times: N-1 steps of reduce-scatter, then N-1 of all-gather."
+    shown = fail.expected, fail.got
+    # Only the simulator records payloads: without them nothing says the messages were right.
+    right = (length >= n and result.payloads is not None and not check_ring_trace(trace, case, length)
+             and not checks.ring_partial_sums(result, case, length, "ring AllReduce"))
     res = contrib.probe_run(program, n, length)
     if res is None:
-        return fail
+        return right_messages_wrong_result(fail, result, shown=shown) if right else fail
     expected = (1,) * n
     # 1. what the output holds, element by element
     first = None
@@ -110,7 +123,7 @@ def _wrong_sum(program, case, rank, out, total, trace):
         if first:
             break
     if first is None:
-        return fail
+        return right_messages_wrong_result(fail, result, shown=shown) if right else fail
     r, i, dec = first
     # the run of elements on that rank with the same wrong content
     j = i
@@ -127,7 +140,7 @@ def _wrong_sum(program, case, rank, out, total, trace):
     fail.expected = "every element: each rank's contribution exactly once"
     fail.got = (f"{span} on rank {r} {'hold' if i != j else 'holds'} the contributions of "
                 f"{contrib.holders(dec[i][0])}"
-                if dec[i] is not None else f"{o[i]!r}")
+                if dec[i] is not None else numbers(o[i:i + 1]))
     # 2. the first message that was already wrong
     step_note, hint = _first_bad_message(res, n)
     if step_note:
@@ -140,7 +153,7 @@ def _wrong_sum(program, case, rank, out, total, trace):
                 f"world_size? np.array_split(x, world_size) makes chunks of unequal size.")
     fail.hint = hint or fail.hint or ("Write down, for N=3, which chunk each rank sends and receives at each step, "
                          "and compare with your index formulas.")
-    return fail
+    return right_messages_wrong_result(fail, result, shown=shown) if right else fail
 
 
 def _steps_note(trace, case):
@@ -198,3 +211,38 @@ def _first_bad_message(res, n):
                         f"{sum(coeffs)} contribution(s) ({contrib.holders(coeffs)}); at step {e.step} a ring "
                         f"AllReduce message holds {want}", hint)
     return None, None
+
+
+def wrong_values(case, rank, out, ok, want, check):
+    """The Failure for a result with wrong elements (``ok``: which are right),
+    showing numbers. Shared with ``ring_reduce_scatter``."""
+    bad = np.flatnonzero(~ok)
+    where = f"elements {bad[0]}..{bad[-1]}" if len(bad) > 1 else f"element {bad[0]}"
+    return Failure(case.label, check,
+                   f"rank {rank} has wrong values at {len(bad)} of {len(out)} elements ({where})",
+                   expected=numbers(want[bad]), got=numbers(out[bad]))
+
+
+RETURN = ("Return the array your chunks are in after the last step (if chunks are views of one "
+          "array, that array; if they are separate arrays, np.concatenate(chunks)).")
+
+
+def right_messages_wrong_result(fail, result, returns=RETURN, shown=None):
+    """Every message was right, so only what a rank returned is wrong: say so,
+    with the numbers ``shown`` = (expected, got), and name an array a receiver
+    changed in place (its sum went there). ``returns``: the hint that says what
+    to return."""
+    fail.what += ("\nEvery message was right: the ranks computed the sum, but what this rank "
+                  "returned is not it.")
+    if shown and shown != (fail.expected, fail.got):
+        fail.what += f"\nIt returned {shown[1]} where the sum is {shown[0]}."
+    fail.hint = returns
+    changed = changed_in_place(result, getattr(result, "handed", []))
+    if changed:
+        e = changed[0]
+        fail.what += (f"\nRank {e.dst} changed the array it received from rank {e.src} at step {e.step} "
+                      f"in place (got += ...): the sum went into that array, not into its result.")
+        fail.hint = ("Add what you receive into your own chunk (chunk += got), or store the sum back "
+                     "(chunk[...] = got + chunk): adding into the received array leaves your result "
+                     "without it. " + fail.hint)
+    return fail

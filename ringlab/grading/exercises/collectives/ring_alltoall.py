@@ -22,12 +22,14 @@ relying on labels):
 6. no block travels further than it must: it keeps one direction and stops
    at its destination (to the right, a block for rank d crosses
    (d - src) % N links);
-7. at most N-1 steps: each step, a rank sends one message holding every
+7. every block reached its destination in messages (the values of out[c]
+   alone could come from elsewhere);
+8. at most N-1 steps: each step, a rank sends one message holding every
    block it passes on.
 
 Any correct ring AlltoAll passes: to the right, to the left, or each block
 the shorter way round; blocks stacked or concatenated; labelled or not.
-Checks 4-6 follow payloads, which only the simulator records.
+Checks 4-7 follow payloads, which only the simulator records.
 """
 
 from ... import blocks as B
@@ -65,6 +67,9 @@ def check(program, case, backend="sim"):
             failure = _check_path(case, block, sorted(carried[block], key=lambda e: (e.step, e.src)))
             if failure:
                 return failure
+        failure = B.undelivered(case, carried)
+        if failure:
+            return failure
     if trace.steps > n - 1:
         return Failure(case.label, "at most N-1 steps", f"the program took {trace.steps} steps",
                        expected=f"at most {n} - 1 = {n - 1} steps: in every step each rank sends one "

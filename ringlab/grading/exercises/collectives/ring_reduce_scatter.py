@@ -8,24 +8,29 @@ returns chunk r of the element-wise sum of all ranks' ``x``, the chunks cut as
 Checks, on world sizes 1 to 8 and several lengths, with fresh random data:
 
 1. it runs: no exception, deadlock, endless loop or unreceived message;
-2. rank r returns exactly chunk r of the sum (wrong sums are diagnosed:
+2. rank r returns chunk r of the sum, a plain float64 array, exact up to
+   rounding (wrong sums are diagnosed:
    which ranks' contributions are missing or counted twice, or which chunk
    a rank holds instead, and the first message that went wrong);
 3. it is a ring: messages only between ring neighbours;
 4. one chunk per message (at most ceil(L/N) elements), never the whole vector;
 5. exactly N-1 steps, and every rank sends one and receives one message
    in every step;
-6. total bytes (N-1) L * 8: every chunk crosses N-1 links.
+6. total bytes (N-1) L * 8: every chunk crosses N-1 links;
+7. every message at step s carries one chunk summed over exactly the
+   sender's and the s-1 previous ranks' contributions (read from the recorded
+   payloads, in the simulator; random float data, see ``sums.py``).
 
 Any correct ring ReduceScatter passes: either direction, send/recv or
-isend/irecv or sendrecv, in place or not, labelled or not. Checks 4-6 apply
+isend/irecv or sendrecv, in place or not, labelled or not. Checks 4-7 apply
 when L >= N (shorter vectors have empty chunks, which a program may skip).
 """
 
 import numpy as np
 
-from ... import checks, contributions as contrib
-from ...report import Failure, run_case
+from ... import checks, contributions as contrib, sums
+from ...report import Failure, plain_array, run_case
+from .ring_allreduce import check_ring_trace, right_messages_wrong_result, wrong_values  # noqa: F401
 
 NAME = "ring_reduce_scatter"
 
@@ -49,9 +54,21 @@ def check(program, case, backend="sim"):
         failure = _check_shape(case, r, out, want[r], length)
         if failure:
             return failure
+    mine = _chunk_slices(length, n)
     for r, out in enumerate(result.outputs):
-        if not np.array_equal(out, want[r]):
-            return _wrong_sum(program, case, r, out, want[r])
+        if not sums.holds(out, case.inputs, range(n), mine[r]):
+            return _wrong_sum(program, case, r, out, want[r], result)
+    return _check_trace(result, case, length)
+
+
+def _chunk_slices(length, n):
+    bounds = np.cumsum([0] + _chunk_sizes(length, n))
+    return [slice(bounds[c], bounds[c + 1]) for c in range(n)]
+
+
+def _check_trace(result, case, length):
+    """Checks 3-7."""
+    n = case.world_size
     failure = checks.ring_neighbours(
         result.trace, case, "ring ReduceScatter",
         "a central reduction through one rank (its link carries N-1 whole vectors)")
@@ -68,10 +85,14 @@ def check(program, case, backend="sim"):
             or checks.total_bytes(
                 trace, case, (n - 1) * length * 8,
                 expected=f"(N-1) * L * 8 = {(n - 1) * length * 8} bytes (every chunk crosses N-1 links)",
-                hint="Send each chunk exactly as np.array_split makes it."))
+                hint="Send each chunk exactly as np.array_split makes it.")
+            or checks.ring_partial_sums(result, case, length, "ring ReduceScatter"))
 
 
 def _check_shape(case, r, out, want, length):
+    failure = plain_array(case, f"rank {r}", out, f"chunk {r} of the sum, shape {want.shape}")
+    if failure:
+        return failure
     if not isinstance(out, np.ndarray):
         return Failure(case.label, "every rank returns its result", f"rank {r} returned {type(out).__name__}",
                        expected=f"a numpy array: chunk {r} of the sum, shape {want.shape}",
@@ -112,16 +133,17 @@ def _listing(items):
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _wrong_sum(program, case, rank, out, want):
+def _wrong_sum(program, case, rank, out, want, result):
     """Explain a wrong chunk exactly, using the contribution probe."""
     n, length = case.world_size, len(case.inputs[0])
-    bad = np.flatnonzero(out != want)
-    fail = Failure(case.label, "rank r ends with chunk r of the sum of all inputs",
-                   f"rank {rank} has wrong values at {len(bad)} of {len(want)} elements of its chunk",
-                   expected=f"{want[bad[:4]]}...", got=f"{out[bad[:4]]}...")
+    fail = wrong_values(case, rank, out, sums.close(out, case.inputs, range(n), _chunk_slices(length, n)[rank]),
+                        want, "rank r ends with chunk r of the sum of all inputs")
+    fail.what += " of its chunk"
+    shown = fail.expected, fail.got
+    right = length >= n and result.payloads is not None and not _check_trace(result, case, length)
     res = contrib.probe_run(program, n, length)
     if res is None:
-        return fail
+        return _right_messages(fail, result, shown) if right else fail
     starts = np.cumsum([0] + _chunk_sizes(length, n))
     ones = (1,) * n
     decoded = [contrib.decode(o, n) if isinstance(o, np.ndarray) else [] for o in res.outputs]
@@ -156,9 +178,16 @@ def _wrong_sum(program, case, rank, out, want):
         fail.what += "\nFirst went wrong: " + note
     elif n > 1:
         hint = _completes_other_chunk(res, n, starts)
+    if right and hint is None:
+        return _right_messages(fail, result, shown)
     fail.hint = hint or ("Write down, for N=3, which chunk each rank sends and receives at each step, "
                          "and compare with your index formulas.")
     return fail
+
+
+def _right_messages(fail, result, shown):
+    """Every message was right: only the value returned is wrong."""
+    return right_messages_wrong_result(fail, result, "Return your chunk r after the last step.", shown)
 
 
 def _completes_other_chunk(res, n, starts):

@@ -13,7 +13,11 @@ fresh random data:
 1. it runs: no exception, deadlock, endless loop or unreceived message;
 2. every rank returns exactly the root's data;
 3. every message goes from a rank to one of its children in the tree;
-4. the root receives nothing, every other rank receives exactly one message.
+4. the root receives nothing, every other rank receives exactly one message;
+5. every message carries the root's data, all of it, unchanged: L float64
+   values, L * 8 bytes (read from the recorded payloads, in the simulator).
+
+The data are random floats, so nothing smaller than them can carry them.
 
 Any correct binary-tree broadcast passes: left child first or right child
 first, send or isend, labelled or not. (Its step count needs no check: with
@@ -25,7 +29,7 @@ import numpy as np
 
 from ... import checks
 from ...deadlock import waits_for
-from ...report import Case, Failure, check_outputs_shape, run_case
+from ...report import Case, Failure, check_outputs_shape, numbers, run_case
 from ....errors import CommError, DeadlockError, RankError
 
 NAME = "tree_broadcast"
@@ -52,7 +56,7 @@ def cases(rng):
         roots = [0, int(rng.integers(1, n))] if n > 1 else [0]
         for root in roots:
             length = int(rng.integers(1, 7))
-            x = rng.integers(-1000, 1000, length).astype(np.float64)
+            x = rng.uniform(1, 2, length) * rng.choice([-1.0, 1.0], length)   # random floats
             inputs = [x if r == root else None for r in range(n)]
             yield Case(n, inputs, f"world_size={n}, root={root}, length={length}", args=(root,),
                        info={"root": root, "x": x})
@@ -72,7 +76,7 @@ def run_broadcast(program, case, backend, explain=None):
                             f"with root 0, count positions from the root, i = (rank - root) % N, "
                             f"and turn positions back into ranks with (i + root) % N.")
         return None, failure
-    failure = check_outputs_shape(result, case, x.shape)
+    failure = check_outputs_shape(result, case, x.shape, receives=lambda r: r != root)
     if failure:
         return None, failure
     for r, out in enumerate(result.outputs):
@@ -80,7 +84,7 @@ def run_broadcast(program, case, backend, explain=None):
             bad = np.flatnonzero(out != x)
             return None, Failure(case.label, "every rank ends with the root's data",
                                  f"rank {r} has wrong values at {len(bad)} of {len(x)} elements",
-                                 expected=f"{x[:6]}", got=f"{out[:6]}",
+                                 expected=numbers(x, 6), got=numbers(out, 6),
                                  hint="Return the array you received (the root returns its own x).")
     return result, None
 
@@ -105,10 +109,11 @@ def check(program, case, backend="sim"):
                 hint=("Messages only go down the tree: send nothing back to the parent."
                       if p and c == (p - 1) // 2
                       else HINTS.get(checks.broadcast_shape(trace, n, root), GENERIC)))
-    return checks.broadcast_receives(
-        trace, case, root,
-        shape_hint="Send the whole vector to each child once, in one message: then every rank "
-                   "receives exactly once.")
+    return (checks.broadcast_receives(
+                trace, case, root,
+                shape_hint="Send the whole vector to each child once, in one message: then every rank "
+                           "receives exactly once.")
+            or checks.broadcast_payloads(result, case))
 
 
 HEAP = ("In the heap laid out from the root, position i = (rank - root) % N has its children at "

@@ -1,0 +1,129 @@
+"""How values cross the pipe between a rank's process and the grading process.
+
+A grader must never unpickle what a learner's program made: unpickling runs
+code. So values travel as a small JSON header plus raw array bytes, and only
+these kinds exist on the wire:
+
+* ``None``, ``bool``, ``int``, ``float``, ``str`` (JSON's own);
+* lists and tuples of values;
+* numpy arrays of a plain numeric dtype, sent as bytes + dtype + shape and
+  rebuilt with ``numpy.frombuffer`` (an exact ``ndarray``, never a subclass);
+* a *handle*: the number of an object that lives on the other side
+  (a ``Comm``, a ``Request``), so a rank can name it in later calls.
+
+Anything else is sent as an ``Opaque`` stand-in that carries only its type's
+name, so ``comm.send({"a": 1}, 1)`` still fails with "got dict".
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+# Plain numbers only: no object arrays (they hold Python objects) and no
+# structured dtypes. Little-endian, as every machine this runs on.
+DTYPES = frozenset(np.dtype(t).str for t in (
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128"))
+MAX_DEPTH = 8                  # lists in lists: enough for any exercise, bounded for safety
+MAX_BYTES = 256 * 2**20        # one message on the pipe, header or array
+
+
+class WireError(Exception):
+    """Bytes that do not decode to an allowed value."""
+
+
+class Handle:
+    """An object on the other side of the pipe, known by its number."""
+
+    __slots__ = ("id", "info")
+
+    def __init__(self, id, info=None):
+        self.id, self.info = id, info
+
+
+def opaque(type_name):
+    """A stand-in for a value that cannot travel: an instance of an empty class
+    with the original type's name (so error messages name the right type)."""
+    name = type_name if type_name.isidentifier() and len(type_name) <= 60 else "object"
+    return type(name, (Opaque,), {})()
+
+
+class Opaque:
+    def __repr__(self):
+        return f"<a {type(self).__name__}>"
+
+
+def send(conn, value):
+    """Write ``value`` to ``conn`` (a ``multiprocessing`` connection): a header, then each array."""
+    arrays = []
+    header = json.dumps(_encode(value, arrays, 0))
+    conn.send_bytes(json.dumps({"n": len(arrays)}).encode() + b"\n" + header.encode())
+    for a in arrays:
+        conn.send_bytes(memoryview(a).cast("B") if a.size else b"")
+
+
+def recv(conn):
+    """Read one value written by ``send``. Never unpickles anything."""
+    raw = conn.recv_bytes(MAX_BYTES)
+    first, _, rest = raw.partition(b"\n")
+    try:
+        count = int(json.loads(first)["n"])
+        tree = json.loads(rest)
+    except (ValueError, KeyError, TypeError) as e:
+        raise WireError(f"bad header: {e}") from None
+    if not 0 <= count <= 100_000:
+        raise WireError("too many arrays")
+    buffers = [conn.recv_bytes(MAX_BYTES) for _ in range(count)]
+    return _decode(tree, buffers, 0)
+
+
+def _encode(v, arrays, depth):
+    if depth > MAX_DEPTH:
+        return {"o": "object"}
+    if v is None or type(v) in (bool, int, float, str):
+        return v
+    if isinstance(v, (np.bool_, np.integer, np.floating)):
+        return v.item()            # a numpy scalar travels as the Python number
+    if type(v) is np.ndarray and v.dtype.str in DTYPES:
+        arrays.append(np.ascontiguousarray(v))
+        return {"a": len(arrays) - 1, "d": v.dtype.str, "s": list(v.shape)}
+    if type(v) in (list, tuple):
+        return {"l" if type(v) is list else "t": [_encode(x, arrays, depth + 1) for x in v]}
+    if isinstance(v, Handle):
+        return {"h": v.id, "i": v.info}
+    return {"o": type(v).__name__}
+
+
+def _decode(t, buffers, depth):
+    if depth > MAX_DEPTH:
+        raise WireError("nested too deep")
+    if t is None or isinstance(t, (bool, int, float, str)):
+        return t
+    if not isinstance(t, dict):
+        raise WireError("unknown value")
+    if "a" in t:
+        return _array(t, buffers)
+    if "l" in t or "t" in t:
+        items = [_decode(x, buffers, depth + 1) for x in (t.get("l") or t.get("t") or [])]
+        return items if "l" in t else tuple(items)
+    if "h" in t:
+        return Handle(int(t["h"]), t.get("i"))
+    if "o" in t:
+        return opaque(str(t["o"]))
+    raise WireError("unknown value")
+
+
+def _array(t, buffers):
+    try:
+        dtype, shape, buf = t["d"], tuple(int(d) for d in t["s"]), buffers[t["a"]]
+    except (KeyError, TypeError, ValueError, IndexError):
+        raise WireError("bad array header") from None
+    if dtype not in DTYPES or any(d < 0 for d in shape):
+        raise WireError(f"array dtype {dtype!r} is not allowed")
+    dtype = np.dtype(dtype)
+    if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(buf):
+        raise WireError("array bytes do not match its shape")
+    # .copy(): frombuffer over bytes is read-only; the program may write to what it received.
+    return np.frombuffer(buf, dtype=dtype).reshape(shape).copy()
