@@ -79,7 +79,8 @@ def variant(old, new, fn=ps.ps_server):
     server = ns["ps_server"] if fn is ps.ps_server else ps.ps_server
     worker = ns["ps_worker"] if fn is ps.ps_worker else ps.ps_worker
 
-    def program(comm, task, s=math.inf):
+    def program(comm, spec, s=math.inf):
+        task = PSTask.from_spec(spec)
         return server(comm, task, s) if comm.rank == 0 else worker(comm, task)
     return program
 
@@ -114,16 +115,17 @@ def other_server(comm, task, s):
                 answer(v)
     for r in reqs:
         r.wait()
-    return params, log
+    return params, np.array(log)
 
 
-def other_program(comm, task, s=math.inf):
+def other_program(comm, spec, s=math.inf):
+    task = PSTask.from_spec(spec)
     if comm.rank:
         k = 0
         while (params := comm.recv(0)).size:
             comm.send(task.work(comm, params, k), 0)
             k += 1
-        return k
+        return None
     return other_server(comm, task, s)
 
 
@@ -202,13 +204,15 @@ def slow_worker(comm, task):
 
 
 def with_worker(worker):
-    def program(comm, task, s=math.inf):
+    def program(comm, spec, s=math.inf):
+        task = PSTask.from_spec(spec)
         return ps.ps_server(comm, task, s) if comm.rank == 0 else worker(comm, task)
     return program
 
 
 def with_server(server):
-    def program(comm, task, s=math.inf):
+    def program(comm, spec, s=math.inf):
+        task = PSTask.from_spec(spec)
         return server(comm, task, s) if comm.rank == 0 else ps.ps_worker(comm, task)
     return program
 

@@ -20,10 +20,15 @@ The protocol, which the ``async_ps`` exercise grades:
 * the server hands out exactly ``task.updates`` parameter messages in all (one
   gradient comes back for each); a worker asking for more gets ``STOP``, an
   empty array, and returns;
+* every rank gets the task as plain data, ``spec`` (see ``ps_task``), and
+  rebuilds it with ``PSTask.from_spec(spec)``;
 * a worker computes its k-th gradient with ``task.work(comm, params, k)``,
   which spends the gradient's simulated compute time, and sends it to rank 0;
 * the server applies ``params -= task.lr * grad`` and logs ``(worker,
-  version_read)``; the version is the number of gradients applied so far.
+  version_read)``; the version is the number of gradients applied so far. It
+  returns ``(params, log)``, the log as an int array of shape (updates, 2);
+  a worker returns nothing. (Results are arrays: trusted grading passes
+  nothing else between processes.)
 
     >>> import math
     >>> task = PSTask.make(workers=3, updates=12, seed=0)
@@ -40,105 +45,24 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..cost.alpha_beta import AlphaBeta
-from ..nn import FlatBuffer, cross_entropy, mlp_model
-from ..nn.data import Blobs
 from ..runner import run
+from .ps_task import STOP, PSTask
 
-STOP = np.empty(0)   # the server's "no more work": an empty array instead of parameters
-
-
-# -- the task: a model, its data, and each worker's speed ---------------------------------
-
-@dataclass
-class PSTask:
-    """What every rank is given: the model's initial flat parameters, how many
-    gradients to apply in all (``updates``), the learning rate, and the hidden
-    speed of each worker (``mean_times[w - 1]`` seconds per gradient for rank
-    w, times a per-gradient jitter drawn from ``seed``)."""
-
-    init: np.ndarray
-    updates: int
-    lr: float
-    mean_times: tuple
-    jitter: float = 0.25
-    seed: int = 0
-    batch: int = 16
-    sizes: tuple = (8, 16, 4)
-    data: Blobs = field(default=None, repr=False)
-
-    def __post_init__(self):
-        if self.data is None:
-            self.data = Blobs(n_samples=512, dim=self.sizes[0], n_classes=self.sizes[-1],
-                              spread=2.0, seed=self.seed)
-        self._build()
-
-    def _build(self):
-        # One model whose parameters and gradients are views into flat buffers:
-        # copying a flat vector in sets every layer's weights at once.
-        self._model = mlp_model(list(self.sizes), np.random.default_rng(self.seed))
-        self._p = FlatBuffer(self._model.named_parameters())
-        self._g = FlatBuffer(self._model.named_grads())
-        self._model.rebind(params=self._p.views, grads=self._g.views)
-
-    # A copy (the grader deep-copies every rank's input) rebuilds the model:
-    # copied views would no longer share memory with the copied flat buffers.
-    def __getstate__(self):
-        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
-
-    def __setstate__(self, state):
-        vars(self).update(state)
-        self._build()
-
-    @classmethod
-    def make(cls, workers=4, updates=40, seed=0, straggler=2.0, lr=0.1, mean=0.1,
-             jitter=0.25, sizes=(8, 16, 4)):
-        """A task with ``workers`` workers of mean time ``mean`` seconds per
-        gradient; the last one is a straggler, ``straggler`` times slower."""
-        model = mlp_model(list(sizes), np.random.default_rng(seed))
-        init = FlatBuffer(model.named_parameters()).data.copy()
-        times = tuple([mean] * (workers - 1) + [mean * straggler])
-        return cls(init, updates, lr, times, jitter, seed, sizes=tuple(sizes))
-
-    @property
-    def workers(self):
-        return len(self.mean_times)
-
-    def compute_time(self, worker, k):
-        """Seconds rank ``worker`` takes for its k-th gradient: fixed by the seed,
-        whatever order the simulation asks in (a log-normal jitter, median 1)."""
-        rng = np.random.default_rng((self.seed, 1, worker, k))
-        return self.mean_times[worker - 1] * float(np.exp(self.jitter * rng.standard_normal()))
-
-    def gradient(self, params, worker, k):
-        """The gradient of the loss at ``params`` on worker's k-th mini-batch."""
-        rng = np.random.default_rng((self.seed, 2, worker, k))
-        idx = rng.choice(len(self.data.x), self.batch, replace=False)
-        self._p.data[:] = params
-        self._model.zero_grad()
-        _, dlogits = cross_entropy(self._model.forward(self.data.x[idx]), self.data.y[idx])
-        self._model.backward(dlogits)
-        return self._g.data.copy()
-
-    def work(self, comm, params, k):
-        """A worker's k-th gradient: spends its simulated compute time, returns it."""
-        comm.compute(self.compute_time(comm.rank, k), "gradient", k=k)
-        return self.gradient(params, comm.rank, k)
-
-    def loss(self, params):
-        """The loss on the whole data set (to draw convergence; no simulated time)."""
-        self._p.data[:] = params
-        return cross_entropy(self._model.forward(self.data.x), self.data.y)[0]
+__all__ = ["async_ps", "ps_server", "ps_worker", "run_async_ps", "PSRun", "staleness",
+           "replay", "sync_sgd", "max_clock_gap", "NETWORK", "PSTask", "STOP"]
 
 
 # -- the program ------------------------------------------------------------------------------
 
-def async_ps(comm, task, s=math.inf):
+def async_ps(comm, spec, s=math.inf):
     """Asynchronous SGD, SSP bound ``s`` (0: synchronous, ``math.inf``: fully async).
 
-    Rank 0 returns ``(params, log)``: the final parameters and, per applied
-    gradient in order, ``(worker, version_read)``. A worker returns how many
-    gradients it pushed.
+    ``spec``: the task as plain data (``PSTask.spec``). Rank 0 returns
+    ``(params, log)``: the final parameters and, per applied gradient in
+    order, a row ``(worker, version_read)`` of an int array. A worker returns
+    nothing.
     """
+    task = PSTask.from_spec(spec)
     if comm.rank == 0:
         return ps_server(comm, task, s)
     return ps_worker(comm, task)
@@ -149,7 +73,7 @@ def ps_worker(comm, task):
     while True:
         params = comm.recv(0)                # pull: blocks while the server holds us back
         if params.size == 0:                 # STOP: the server has handed out all the work
-            return pushed
+            return None
         grad = task.work(comm, params, pushed)
         comm.send(grad, 0, op="apply")       # push, and go on at once: no barrier
         pushed += 1
@@ -187,7 +111,7 @@ def ps_server(comm, task, s):
             if clock[v] - slowest <= s or issued >= task.updates:
                 held.remove(v)
                 reply(v)
-    return params, log
+    return params, np.array(log, dtype=np.int64).reshape(-1, 2)
 
 
 # -- running it, and what to read off the run ------------------------------------------------
@@ -232,18 +156,20 @@ class PSRun:
 
 def staleness(log):
     """``i - version_read`` for the i-th applied gradient (versions count from 0)."""
-    return [i - v for i, (_, v) in enumerate(log)]
+    return [i - int(v) for i, (_, v) in enumerate(log)]
 
 
 def run_async_ps(task, s=math.inf, program=async_ps, network=NETWORK):
     """Run ``program`` on 1 server + ``task.workers`` workers; returns a ``PSRun``."""
     n = task.workers + 1
-    res = run(program, [task] * n, args=(s,), network=network, record_payloads=True)
+    res = run(program, [task.spec] * n, args=(s,), network=network, record_payloads=True)
     params, log = res.outputs[0]
+    log = [(int(w), int(v)) for w, v in log]
+    pushes = [sum(e.src == w for e in res.trace) for w in range(1, n)]
     # The server's receive port carries one message per step: step order is arrival order.
-    pushes = sorted((e for e in res.trace if e.dst == 0), key=lambda e: e.step)
-    return PSRun(task, s, params, log, res.trace, res.time, list(res.outputs[1:]),
-                 [res.payload(e) for e in pushes])
+    arrivals = sorted((e for e in res.trace if e.dst == 0), key=lambda e: e.step)
+    return PSRun(task, s, params, log, res.trace, res.time, pushes,
+                 [res.payload(e) for e in arrivals])
 
 
 def replay(task, grads, every=1):
@@ -278,6 +204,7 @@ def max_clock_gap(task, log):
     gaps, clocks, mine = [], [], {w: 0 for w in range(1, task.workers + 1)}
     counts = {w: 0 for w in mine}
     clocks.append(dict(counts))
+    log = [(int(w), int(v)) for w, v in log]
     for w, _ in log:
         counts[w] += 1
         clocks.append(dict(counts))

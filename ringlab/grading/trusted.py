@@ -37,7 +37,8 @@ from .isolated import Submission, runner
 FIELDS = ("notebook", "exercise", "result", "cases_passed", "cases_total", "failed_check", "seed",
           "reason", "cell_errors", "seconds")
 # Modules that hold reference answers: a submission that refers to them is not the learner's work.
-REFERENCE = re.compile(r"^ringlab\.(collectives|grading)\b|/ringlab/(collectives|grading)/")
+REFERENCE = re.compile(r"^ringlab\.(collectives|grading|data_parallel\.async_ps)\b"
+                       r"|/ringlab/(collectives|grading|data_parallel/async_ps)")
 MAX_SUBMISSION = 50 * 2**20
 
 # The cell the grader adds at the end of the notebook. It runs in the learner's

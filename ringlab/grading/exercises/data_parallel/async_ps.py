@@ -1,8 +1,12 @@
 """Grader for exercise ``async_ps``: asynchronous SGD with a parameter server, SSP bound s.
 
-Signature: ``async_ps(comm, task, s) -> (params, log)`` on rank 0 (the server),
-the number of gradients pushed on ranks 1..P (the workers); the protocol is
-the one in ``ringlab.data_parallel.async_ps``: the server sends parameters
+Signature: ``async_ps(comm, spec, s) -> (params, log)`` on rank 0 (the
+server), with ``log`` an int array of shape (updates, 2), row i =
+``(worker, version_read)`` of the i-th gradient applied; the workers (ranks
+1..P) return nothing. ``spec``
+is the task as plain data; ``PSTask.from_spec(spec)`` (``ringlab.data_parallel.
+ps_task``) rebuilds it. The protocol is the one in
+``ringlab.data_parallel.async_ps``: the server sends parameters
 (or ``STOP``, an empty array), a worker answers each parameter message with
 one gradient from ``task.work(comm, params, k)``, the server applies
 ``params -= task.lr * grad`` in arrival order (``recv_any``) and logs
@@ -13,7 +17,7 @@ the trace and its payloads (the run records them), on hidden worker speeds
 (a random straggler, 2-3x slower) and s in {0, 1, 2, inf}:
 
 1. it runs: no exception, deadlock or unreceived message;
-2. the server returns ``(params, log)``, each worker an int;
+2. the server returns ``(params, log)``;
 3. messages go only between the server and a worker; the server sends
    parameters or STOP, a worker sends gradients;
 4. each worker pulls, computes, pushes, pulls ... and ends on one STOP;
@@ -41,8 +45,9 @@ from collections import defaultdict
 
 import numpy as np
 
-from ...report import Case, Failure, run_case
-from ....data_parallel.async_ps import NETWORK, PSTask, run_async_ps
+from ...report import Case, Failure, numbers, plain_array, run_case
+from ....data_parallel.async_ps import NETWORK, run_async_ps
+from ....data_parallel.ps_task import PSTask
 
 NAME = "async_ps"
 SLACK = 1.10          # the stated throughput factor: at most 10% slower than the reference
@@ -61,7 +66,8 @@ def cases(rng):
         task = PSTask(PSTask.make(sizes=(4, 8, 3), seed=seed).init, updates, 0.1,
                       tuple(float(m) for m in means), 0.25, seed, sizes=(4, 8, 3))
         label = f"{workers} workers, s={s}, updates={updates}, straggler rank {straggler + 1}"
-        yield Case(workers + 1, [task] * (workers + 1), label, args=(s,),
+        # Every rank gets plain data (isolated rank processes take nothing else).
+        yield Case(workers + 1, [task.spec] * (workers + 1), label, args=(s,),
                    info={"task": task, "s": s})
 
 
@@ -78,18 +84,26 @@ def check(program, case, backend="sim"):
     # 2. what the ranks return
     out = res.outputs[0]
     if not (isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[0], np.ndarray)
-            and out[0].shape == (n_params,) and isinstance(out[1], (list, tuple))):
+            and out[0].shape == (n_params,)):
         return fail("the server returns (params, log)",
-                    f"rank 0 returned {type(out).__name__}: {repr(out)[:120]}",
-                    expected=f"a tuple (params of shape ({n_params},), log: a list of "
-                             f"(worker, version_read) pairs)")
+                    f"rank 0 returned {type(out).__name__}",
+                    expected=f"a tuple (params of shape ({n_params},), log: an int array "
+                             f"of shape (updates, 2), rows (worker, version_read))")
     params, log = out
-    try:
-        log = [(int(w), int(v)) for w, v in log]
-    except (TypeError, ValueError):
-        return fail("the server returns (params, log)", "the log is not a list of pairs of ints",
-                    expected="log[i] = (worker, version_read) of the i-th applied gradient",
-                    got=repr(log)[:120])
+    failure = plain_array(case, "the server", params, f"params of shape ({n_params},)")
+    if failure:
+        return failure
+    rows = np.asarray(log) if isinstance(log, (np.ndarray, list, tuple)) else None
+    if (rows is None or rows.ndim != 2 or rows.shape[1:] != (2,)
+            or not np.issubdtype(rows.dtype, np.integer)):
+        return fail("the server returns (params, log)",
+                    f"the log is {type(log).__name__}" + (
+                        f" of shape {rows.shape}, dtype {rows.dtype}" if rows is not None else ""),
+                    expected="an int array of shape (updates, 2): row i = (worker, "
+                             "version_read) of the i-th applied gradient",
+                    hint="Collect (worker, version_read) pairs in a list, and return "
+                         "np.array(log).")
+    log = [(int(w), int(v)) for w, v in rows]
 
     # 3. who sends what
     down, up = defaultdict(list), defaultdict(list)     # per worker, in step order
@@ -138,9 +152,6 @@ def check(program, case, backend="sim"):
                             f"the server sent worker {w} new parameters (step {d[k + 1].step}) "
                             f"before its gradient {k} (step {u[k].step})",
                             hint="Reply to a worker only after its gradient arrived.")
-        if res.outputs[w] != len(u):
-            return fail("every worker returns how many gradients it pushed",
-                        f"worker {w} returned {res.outputs[w]!r}", expected=str(len(u)))
 
     # 5. the gradients are task.work's, from the parameters sent
     for w in workers:
@@ -236,7 +247,7 @@ def check(program, case, backend="sim"):
                     "the server's final parameters differ from the initial ones with every "
                     "arrived gradient applied once, in arrival order"
                     + _diagnose(params, states, grads, task.lr, len(states) - 1),
-                    expected=f"{states[-1][:3]} ...", got=f"{params[:3]} ...",
+                    expected=numbers(states[-1], 3), got=numbers(params, 3),
                     hint="Return the parameters the server updated, not a copy made elsewhere.")
 
     # 11-12. the SSP bound, and no waiting beyond it
