@@ -317,8 +317,11 @@ WRONG = {
         with_worker(pipelined_worker), "each gradient is computed from the parameters the worker",
         ["parameters of pull 0", "without waiting for fresh ones"]),
     "slow worker": (
-        with_worker(slow_worker), "throughput within 10% of the reference",
-        ["x the reference"]),
+        with_worker(slow_worker), "no worker idles", ["computed 'checkpoint' for 50.0 ms"]),
+    "slow server": (
+        variant("        params -= task.lr * grad ",
+                "        comm.compute(0.01, 'apply')\n        params -= task.lr * grad "),
+        "the server never idles", ["could send worker", "but they left at"]),
     "replies before applying": (
         with_server(reply_first),
         "the server sends the current parameters", ["without its own gradient"]),
@@ -333,3 +336,22 @@ def test_wrong_programs_fail_with_the_right_check(name):
     assert report.failure.check.startswith(check), str(report)
     text = str(report)
     assert all(p in text for p in phrases), text
+
+
+def test_trusted_grading_spots_the_reference_but_not_the_task():
+    import cloudpickle
+    from ringlab.grading.trusted import reference_in
+    assert "ringlab.data_parallel.async_ps" in reference_in(cloudpickle.dumps(async_ps))
+
+    def mine(comm, spec, s):                    # a learner's program uses the task only
+        return PSTask.from_spec(spec).init
+    cloudpickle.register_pickle_by_value(__import__(__name__))
+    assert reference_in(cloudpickle.dumps(mine)) is None
+
+
+def test_isolated_grading_passes_the_reference_program_as_a_learner_would():
+    import importlib
+    from ringlab.grading.isolated import runner
+    from ringlab.grading.report import grade_cases
+    module = importlib.import_module("ringlab.grading.exercises.data_parallel.async_ps")
+    assert grade_cases("async_ps", module, other_program, seed=2, runner=runner()).passed

@@ -33,7 +33,15 @@ the trace and its payloads (the run records them), on hidden worker speeds
     holding at least n - s gradients of every worker;
 12. no worker waits when it need not: the reply to a gradient carries the
     first version at which the SSP bound lets the worker go on;
-13. throughput: the run's simulated time is within 10% of the reference's.
+13. no idling, in simulated time: a worker computes only its gradients, each
+    starting when its parameters arrive; the server sends each parameter
+    message as soon as it may (when the gradient that allows it has arrived,
+    or when its send port is free);
+14. throughput, a backstop: the run's simulated time is at most 1.5x the
+    reference's on the same hidden speeds. (Not tighter: which worker gets
+    the last updates decides the makespan, and a correct server that releases
+    held workers in another order takes another, equally valid path; 10-20%
+    apart was seen.)
 
 Gradients are compared bit for bit: apply exactly ``params -= task.lr * grad``.
 """
@@ -50,7 +58,8 @@ from ....data_parallel.async_ps import NETWORK, run_async_ps
 from ....data_parallel.ps_task import PSTask
 
 NAME = "async_ps"
-SLACK = 1.10          # the stated throughput factor: at most 10% slower than the reference
+SLACK = 1.5           # the stated throughput factor: at most 1.5x the reference's time
+EPS = 1e-9            # simulated seconds: float noise in times
 RECV_ANY = ("Receive with `w, grad = comm.recv_any()` and apply each gradient at once, "
             "in the order recv_any returns them.")
 
@@ -277,12 +286,51 @@ def check(program, case, backend="sim"):
                                 hint="After each gradient you apply, release every held "
                                      "worker whose clock is within s of the slowest.")
 
-    # 13. throughput against the reference on the same hidden speeds
+    # 13. no idling: workers compute only gradients, from the moment their
+    # parameters arrive; the server sends as soon as the trigger has arrived
+    # and its send port is free.
+    for w in workers:
+        extra = [c for c in res.trace.computes if c.rank == w and c.label != "gradient"]
+        if extra:
+            return fail("no worker idles",
+                        f"worker {w} computed {extra[0].label!r} for "
+                        f"{extra[0].duration * 1e3:.1f} ms",
+                        expected="only gradients, with task.work",
+                        hint="A worker pulls, computes with task.work, pushes: nothing else.")
+        comp = sorted((c for c in res.trace.computes if c.rank == w), key=lambda c: c.start)
+        for k, c in enumerate(comp):
+            arrived = down[w][k].end
+            if c.start > arrived + EPS:
+                return fail("no worker idles",
+                            f"worker {w}'s parameters for gradient {k} arrived at "
+                            f"{arrived * 1e3:.1f} ms, but it started computing at "
+                            f"{c.start * 1e3:.1f} ms",
+                            hint="Compute as soon as the parameters arrive.")
+    sends = sorted((e for w in workers for e in down[w]), key=lambda e: e.step)
+    port_free = 0.0
+    for e in sends:
+        w, k = e.dst, down[e.dst].index(e)
+        if k < len(down[w]) - 1:                      # a parameter message, not STOP
+            first = index[id(up[w][k - 1])] + 1 if k else 0
+            ready = next(u for u in range(first, len(clocks))
+                         if k - min(clocks[u].values()) <= s)
+            trigger = arrivals[ready - 1].end if ready else 0.0
+            could = max(trigger, port_free)
+            if e.start > could + EPS:
+                return fail("the server never idles",
+                            f"the server could send worker {w} its parameters for clock "
+                            f"{k} at {could * 1e3:.1f} ms but they left at "
+                            f"{e.start * 1e3:.1f} ms",
+                            hint="Reply as soon as a gradient is applied; do not compute or "
+                                 "wait on the server.")
+        port_free = e.end
+
+    # 14. throughput against the reference on the same hidden speeds
     ref = case.info.get("reference")
     if ref is None:
         ref = case.info["reference"] = run_async_ps(task, s).time
     if res.time > SLACK * ref:
-        return fail("throughput within 10% of the reference",
+        return fail("throughput within 1.5x of the reference",
                     f"{T} updates took {res.time:.3f} simulated seconds",
                     expected=f"at most {SLACK} x {ref:.3f} s",
                     got=f"{res.time / ref:.2f} x the reference",
