@@ -3,11 +3,11 @@
 Two kinds of checks:
 
 - on the Markdown sources (always run, no build needed): every line of a
-  ```{code-cell} block is at most 88 characters, about the width the code column shows
-  without a horizontal scroll bar (see below);
+  ```{code-cell} block is at most 88 characters, about the width the code column
+  shows without a horizontal scroll bar (see below);
 - on the built book (run by `make test` after `make book`, which sets
   RINGLAB_BOOK_HTML=_build/html; skipped when that variable is unset, so that
-  `make unit` builds nothing):
+  `make unit` does not depend on a build):
   * every chapter listed in _toc.yml (except the intro and the glossary) is at
     most 12 screens high in a 1400 x 900 browser window, with every folded
     cell, solution and dropdown left closed, as a reader first sees it;
