@@ -58,6 +58,57 @@ def test_isolated_run_equals_ringlab_run(program, xs, args):
                                        all(np.array_equal(p, q) for p, q in zip(a, b)))
 
 
+def same_run(got, want):
+    """An isolated run's result is ringlab.run's: trace, spans, computes, groups, time, payloads."""
+    assert list(got.trace) == list(want.trace) and got.trace.spans == want.trace.spans
+    assert got.trace.computes == want.trace.computes and got.time == want.time
+    assert got.trace.group_ranks == want.trace.group_ranks
+    assert (got.payloads is None) == (want.payloads is None)
+    if want.payloads is not None:
+        assert got.payloads.keys() == want.payloads.keys()
+        assert all(np.array_equal(got.payloads[k], want.payloads[k]) for k in want.payloads)
+    assert len(got.outputs) == len(want.outputs)
+    for a, b in zip(got.outputs, want.outputs):
+        assert type(a) is type(b)
+        if isinstance(a, (list, tuple)):
+            assert len(a) == len(b) and all(np.array_equal(p, q) for p, q in zip(a, b))
+        elif a is not None:
+            assert np.array_equal(a, b) and a.dtype == b.dtype
+
+
+def test_compute_groups_split_barrier_and_recv_any_isolated_equal_ringlab_run():
+    def prog(comm, x):
+        comm.compute(0.5 * (comm.rank + 1), "forward", layer=comm.rank)
+        pair = comm.new_group([0, 1], name="pair")
+        everyone = comm.new_group(range(comm.world_size))          # a range, no name
+        row = comm.split(comm.rank % 2, key=-comm.rank, name="row")
+        comm.barrier()
+        out = ring_allreduce(row, x)
+        if pair is not None:
+            with pair.span("pair-sum"):
+                out = out + ring_allreduce(pair, x)
+        total = ring_allreduce(everyone, x)
+        if comm.rank == 0:
+            srcs = [comm.recv_any(tag=3)[0] for _ in range(comm.world_size - 1)]
+        else:
+            comm.compute(0.1 * (comm.world_size - comm.rank), "late")
+            comm.send(x[:2], 0, tag=3)
+            srcs = []
+        # Group labels are as in ringlab.run (a tuple of ranks is hashable), and so is repr.
+        labels = {everyone.group.label: 1, row.group.label: 2}
+        assert type(everyone.group.label) is tuple and len(labels) == 2 and hash(everyone.group)
+        assert repr(row) == f"<Comm rank={row.rank} world_size=2 group={row.group.label!r} step={row.step}>"
+        return [out, total, np.array(srcs, dtype=np.int64), np.array([comm.time, comm.step, row.rank])]
+
+    xs = inputs(4, 6)
+    for kw in ({}, {"network": ringlab.AlphaBeta(1e-3, 1e-6)}, {"mode": "rendezvous"}):
+        want = ringlab.run(prog, xs, record_payloads=True, **kw)
+        got = run_isolated(prog, xs, record_payloads=True, **kw)
+        same_run(got, want)
+    assert {e.group for e in want.trace} >= {"pair", "row[0]", "row[1]", (0, 1, 2, 3), None}
+    assert [c.label for c in want.trace.computes].count("late") == 3
+
+
 def test_right_solution_passes_isolated():
     def mine(comm, x):          # a learner's ring AllReduce, sent by value
         n, rank = comm.world_size, comm.rank

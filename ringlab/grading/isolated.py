@@ -169,7 +169,8 @@ class _RemoteComm:
     def __init__(self, link, info):
         from ..comm import Group
         _, self._id, self.rank, self.world_size, self.global_rank, ranks, label, gid = info
-        self.group = Group(tuple(ranks), label, gid)
+        # A label is a name or a tuple of ranks (hashable, as in ringlab.run): keep it a tuple.
+        self.group = Group(tuple(ranks), tuple(label) if type(label) is list else label, gid)
         self._link = link
 
     def _call(self, method, *args, **kwargs):
@@ -226,7 +227,7 @@ class _RemoteComm:
 
     def __repr__(self):
         g = "" if self.group.label is None else f" group={self.group.label!r}"
-        return f"<Comm rank={self.rank} world_size={self.world_size}{g}>"
+        return f"<Comm rank={self.rank} world_size={self.world_size}{g} step={self.step}>"
 
 
 def rebuild_exception(name, message):
@@ -337,8 +338,7 @@ class _RankProcess:
     def _info(self, comm, handle=0):
         self.objects[handle] = comm
         g = comm.group
-        label = list(g.label) if isinstance(g.label, tuple) else g.label
-        return ["comm", handle, comm.rank, comm.world_size, comm.global_rank, list(g.ranks), label, g.gid]
+        return ["comm", handle, comm.rank, comm.world_size, comm.global_rank, list(g.ranks), g.label, g.gid]
 
     # -- the pipe ----------------------------------------------------------------------
     def _send(self, value):
