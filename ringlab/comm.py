@@ -249,6 +249,15 @@ class RunResult:
         """The array message ``event`` carried (the run must have had ``record_payloads=True``)."""
         return self.payloads[payload_key(event)]
 
+    def show(self, inputs=None, **options):
+        """The trace player. Given the run's ``inputs`` (and ``record_payloads=True``),
+        it shows what each message really carried, even without chunk=/op= labels;
+        see ``ringlab.show.player``."""
+        if inputs is None:
+            return self.trace.show(**options)
+        from .show.player import show_run       # lazy: running needs no HTML
+        return show_run(self, inputs, **options)
+
     @property
     def world_size(self):
         return self.trace.world_size

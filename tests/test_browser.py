@@ -219,6 +219,43 @@ def test_computes_and_groups(browser, tmp_path):
     assert js_errors(browser) == []
 
 
+def test_unlabelled_run_and_alltoall_labels(browser, tmp_path):
+    """A ring AllReduce sent without chunk=/op=, shown with res.show(inputs): the arrows
+    say which ranks' inputs each message summed, the cells count contributions as for
+    the reference. And an all-to-all's (src, dst) labels appear whole."""
+    from test_player import random_inputs, unlabelled_ring_allreduce
+    from ringlab.collectives import ring_alltoall
+    inputs = random_inputs(4, 8)
+    res = ringlab.run(unlabelled_ring_allreduce, inputs, record_payloads=True)
+    blocks = [[np.array([10.0 * r + c]) for c in range(4)] for r in range(4)]
+    a2a = ringlab.run(ring_alltoall, blocks).trace
+    page = tmp_path / "unlabelled.html"
+    page.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>"
+                    + res.show(inputs).html() + a2a.show().html() + "</body></html>", encoding="utf-8")
+    open_page(browser, page)
+    wait_for(lambda: len(browser.find_elements("css selector", ".ringlab-player[data-ready]")) == 2)
+    player, other = browser.find_elements("css selector", ".ringlab-player")
+
+    def labels(p):
+        return sorted(t.text for t in p.find_elements("css selector", "text.rlp-arrow-label"))
+    player.find_element("css selector", "button.rlp-forward").click()
+    player.find_element("css selector", "button.rlp-forward").click()
+    # step 2: rank r passes on chunk r - 1, now rank (r - 1)'s and its own inputs added
+    assert labels(player) == sorted(f"c{(r - 1) % 4}: {'+'.join(map(str, sorted({r, (r - 1) % 4})))}"
+                                    for r in range(4))
+    assert "carries the sum of ranks 0, 1 (2 of 4)" in player.find_element(
+        "css selector", "ul.rlp-messages").text
+    player.find_element("css selector", "button.rlp-last").click()
+    assert cell_counts(browser, player) == [[4] * 4] * 4
+    other.find_element("css selector", "button.rlp-forward").click()
+    # ring all-to-all, step 1: rank 0 sends its blocks for ranks 1, 2 and 3
+    # whole, not "((0, 1), …": one block a line, so that neighbouring labels do not overlap
+    assert "(0, 1)(0, 2)(0, 3)" in labels(other)
+    assert [t.text for t in other.find_elements("css selector", "text.rlp-arrow-label")[0].find_elements(
+        "css selector", "tspan")] == ["(0, 1)", "(0, 2)", "(0, 3)"]
+    assert js_errors(browser) == []
+
+
 def test_player_runs_in_the_built_book(browser):
     """The real book, as `make book` builds it (incrementally: fast when `make test`
     has just built it): the Ring AllReduce chapter's player renders and steps, and

@@ -107,6 +107,14 @@ def test_plots_draw_the_data():
     ends = np.concatenate([q.X + q.U for q in quivers])
     assert sorted(ends) == sorted(float(e.step) for e in trace)
 
+    # the legend names the ops; never "None" (book/world.md's relay sends without labels)
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["copy", "reduce"]
+    relay = Trace([Event(s, s - 1, s) for s in (1, 2, 3)], 4)
+    assert plot_spacetime(relay).axes[0].get_legend() is None
+    mixed = Trace([Event(1, 0, 1, chunk=0, op="copy"), Event(2, 1, 2)], 3)
+    assert [t.get_text() for t in plot_spacetime(mixed).axes[0].get_legend().get_texts()] == [
+        "copy", "no op="]
+
     fig = plot_bytes_sent(trace)
     heights = [p.get_height() for p in fig.axes[0].patches]
     # 8 float64 in 4 chunks: 16 bytes a message, 6 messages a rank: 96 sent and received.

@@ -164,3 +164,89 @@ def test_computes_and_groups_in_player_data():
         g = comm.new_group([0, 1])
         return ring_allreduce(g, x) if g else x
     assert player_data(ringlab.run(unnamed, [np.ones(2)] * 3).trace)["groups"] == ["0,1"]
+
+
+# -- an unlabelled run, coloured by what its payloads carried --------------------------
+
+def unlabelled_ring_allreduce(comm, x):       # ring_allreduce without chunk=/op=
+    n, r = comm.world_size, comm.rank
+    chunks = np.array_split(x.copy(), n)
+    for k in range(n - 1):
+        chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], (r + 1) % n, (r - 1) % n)
+    for k in range(n - 1):
+        chunks[(r - k) % n][...] = comm.sendrecv(chunks[(r + 1 - k) % n], (r + 1) % n, (r - 1) % n)
+    return np.concatenate(chunks)
+
+
+def unlabelled_ring_allgather(comm, x):
+    n, r = comm.world_size, comm.rank
+    blocks = [None] * n
+    blocks[r] = x
+    for k in range(n - 1):
+        blocks[(r - k - 1) % n] = comm.sendrecv(blocks[(r - k) % n], (r + 1) % n, (r - 1) % n)
+    return np.concatenate(blocks)
+
+
+def random_inputs(n, length):
+    return [np.random.default_rng(r).random(length) for r in range(n)]
+
+
+def decoded(data):
+    """Per step, per rank, per chunk: the set of ranks, replayed as the JavaScript does."""
+    h, k = data["holdings"], len(data["chunks"])
+    state, out = list(h["start"]), []
+    for changed in h["changes"]:
+        for r, c, mask in changed:
+            state[r * k + c] = mask
+        out.append([[{b for b in range(data["worldSize"]) if int(state[r * k + c], 16) >> b & 1}
+                     for c in range(k)] for r in range(data["worldSize"])])
+    return out
+
+
+def test_unlabelled_ring_allreduce_reads_like_the_reference():
+    # The same program with and without labels: the player must show the same
+    # chunks, ops and holdings (N=4, 10 elements: np.array_split's chunks 3, 3, 2, 2).
+    inputs = random_inputs(4, 10)
+    res = ringlab.run(unlabelled_ring_allreduce, inputs, record_payloads=True)
+    assert all(e.chunk is None for e in res.trace)
+    assert player_data(res.trace)["holdings"] is None             # labels only: nothing to colour
+    data = res.show(inputs).data
+    ref = player_data(ringlab.run(ring_allreduce, inputs).trace)
+    assert data["chunks"] == ref["chunks"] == ["0", "1", "2", "3"]
+    assert data["ops"] == ref["ops"] == ["copy", "reduce"]
+    assert [e[:5] for e in data["events"]] == [e[:5] for e in ref["events"]]
+    assert decoded(data) == decoded(ref)
+    # What each message carried: step 1, rank r's own chunk r; step 2, rank 0 passes
+    # on chunk 3 = rank 3's + its own; from step 4 on only complete chunks travel.
+    assert data["carried"][0] == ["1", [0]]
+    step2_from0 = next(i for i, e in enumerate(res.trace) if (e.step, e.src) == (2, 0))
+    assert data["carried"][step2_from0] == [format(0b1001, "x"), [3]]
+    assert all(c[0] == "f" for c, e in zip(data["carried"], res.trace) if e.step >= 4)
+    assert data["note"] == ""
+
+
+def test_unlabelled_ring_allgather_shows_whose_block():
+    inputs = random_inputs(4, 3)
+    res = ringlab.run(unlabelled_ring_allgather, inputs, record_payloads=True)
+    c = ringlab.show.contributions(res, inputs)
+    assert c.mode == "copy" and c.chunks == [0, 1, 2, 3] and c.note == ""
+    # ring: at step k rank r passes on block (r - k + 1): rank r's own at step 1
+    assert [(e.step, e.src, sorted(carried[1])) for e, carried in zip(res.trace, c.carried)] == [
+        (e.step, e.src, [(e.src - e.step + 1) % 4]) for e in res.trace]
+    data = res.trace.show(contributions=c).data
+    assert data["ops"] == ["copy"] and data["contributionMode"] == "copy"
+    steps = decoded(data)
+    # at the start rank r holds only its own block; the other slots are empty
+    assert steps[0] == [[{r} if k == r else set() for k in range(4)] for r in range(4)]
+    assert steps[-1] == [[{k} for k in range(4)]] * 4               # every block everywhere
+
+
+def test_contributions_need_payloads_and_different_inputs():
+    res = ringlab.run(unlabelled_ring_allreduce, [np.ones(4)] * 2)
+    with pytest.raises(ValueError, match="record_payloads"):
+        ringlab.show.contributions(res, [np.ones(4)] * 2)
+    # identical inputs: rank 0's chunk cannot be told from rank 1's, so no message is read
+    res = ringlab.run(unlabelled_ring_allreduce, [np.ones(4)] * 2, record_payloads=True)
+    c = ringlab.show.contributions(res, [np.ones(4)] * 2)
+    assert c.note and all(x is None for x in c.carried)
+    res.show([np.ones(4)] * 2).html()                               # still a player, with a note

@@ -2,10 +2,18 @@
 ``timeline`` (per-rank Gantt charts and the Perfetto export), ``player`` (the
 interactive offline player) and ``widgets`` (live panels in a notebook).
 
-``plot_gantt`` is here too, as the chapters on overlap and pipelines use it most."""
+``plot_gantt`` is here too, as the chapters on overlap and pipelines use it most, and
+``contributions`` (what each message of an unlabelled run carried, for the player)."""
 
 
 def plot_gantt(trace, ax=None, **options):
     """``ringlab.show.timeline.plot_gantt``: a per-rank timeline of compute and messages."""
     from .timeline import plot_gantt as plot    # lazy: importing ringlab needs no matplotlib
     return plot(trace, ax, **options)
+
+
+def contributions(res, inputs):
+    """``ringlab.show.player.contributions``: what each message of a run carried,
+    read back from its recorded payloads; ``res.trace.show(contributions=...)`` draws it."""
+    from .player import contributions as read    # lazy, as above
+    return read(res, inputs)

@@ -197,7 +197,7 @@ def plot_spacetime(trace, time_model=None, *, labels=None, title=None, ax=None):
     for r in range(n):
         ax.axhline(r, color="0.85", lw=1, zorder=1)
     labels = len(arrows) <= 64 if labels is None else labels
-    ops = sorted({a["op"] for a in arrows}, key=str)
+    ops = sorted({a["op"] for a in arrows}, key=lambda o: (o is None, str(o)))   # unlabelled last
     for op in ops:      # one quiver per colour: thousands of arrows still draw fast
         mine = [a for a in arrows if a["op"] == op]
         ax.quiver([a["t0"] for a in mine], [a["src"] for a in mine],
@@ -221,9 +221,14 @@ def plot_spacetime(trace, time_model=None, *, labels=None, title=None, ax=None):
         ax.set_xticks(range(trace.steps + 1))
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
-    if standalone:   # (in a grid of subplots the legend would cover the next one)
-        ax.legend(handles=[plt.Line2D([], [], color=OP_COLOURS.get(o, "tab:purple"), label=str(o))
-                           for o in ops], loc="upper left", bbox_to_anchor=(1, 1), fontsize=8, frameon=False)
+    # The legend explains the colours of ops. Messages sent without op= are grey:
+    # named "no op=" beside labelled ones, and no legend at all when every message is
+    # unlabelled (one grey entry would only say "None").
+    named = [o for o in ops if o is not None]
+    if standalone and named:   # (in a grid of subplots the legend would cover the next one)
+        ax.legend(handles=[plt.Line2D([], [], color=OP_COLOURS.get(o, "tab:purple"),
+                                      label="no op=" if o is None else str(o)) for o in ops],
+                  loc="upper left", bbox_to_anchor=(1, 1), fontsize=8, frameon=False)
     ax.set_title(title or f"Messages over time: {n} ranks, {len(arrows)} messages", fontsize=10)
     return fig
 

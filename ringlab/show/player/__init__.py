@@ -18,6 +18,30 @@ the layout (``ringlab.show.player.layouts``), the events of every step and, for 
 labelled trace, which ranks' contributions each chunk holds after each step
 (``ringlab.show.views.holdings``). Beyond ``detail_limit`` ranks (32) each rank is one
 square coloured by the share of all contributions it holds.
+
+**Your own run, without labels.** Chunk colours come from ``chunk=``/``op=``
+labels, which a learner's program rarely sets. Run it with
+``record_payloads=True`` on random inputs instead, and ``res.show(inputs)``
+reads back from the payloads what each message really carried (a sum of which
+ranks' inputs, or a copy of whose; ``ringlab.show.player.payloads``)::
+
+    >>> def my_allreduce(comm, x):            # a ring AllReduce with no labels at all
+    ...     n, r = comm.world_size, comm.rank
+    ...     chunks = np.array_split(x.copy(), n)
+    ...     for k in range(n - 1):            # reduce-scatter, then all-gather
+    ...         chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], (r + 1) % n, (r - 1) % n)
+    ...     for k in range(n - 1):
+    ...         chunks[(r - k) % n][...] = comm.sendrecv(chunks[(r + 1 - k) % n], (r + 1) % n, (r - 1) % n)
+    ...     return np.concatenate(chunks)
+    >>> inputs = [np.random.default_rng(r).random(8) for r in range(4)]
+    >>> res = ringlab.run(my_allreduce, inputs, record_payloads=True)
+    >>> player = res.show(inputs)      # = show_run(res, inputs)
+    >>> player.data["chunks"], player.data["ops"], player.data["holdings"]["mode"]
+    (['0', '1', '2', '3'], ['copy', 'reduce'], 'detail')
+
+The same, in two steps: ``import ringlab.show``, ``c = ringlab.show.contributions(res, inputs)``, then
+``res.trace.show(contributions=c)``. Inputs must differ between ranks (random
+numbers do): with ``np.ones`` everywhere no sum can be told from another.
 """
 
 from __future__ import annotations
@@ -32,8 +56,10 @@ from pathlib import Path
 
 from ..views import OPS, holdings
 from .layouts import LAYOUTS, infer_layout, layout
+from .payloads import Contributions, contributions
 
-__all__ = ["TracePlayer", "show", "save_html", "player_data", "infer_layout", "layout", "LAYOUTS"]
+__all__ = ["TracePlayer", "show", "show_run", "save_html", "player_data", "contributions",
+           "Contributions", "infer_layout", "layout", "LAYOUTS"]
 
 DETAIL_LIMIT = 32
 MAX_EVENTS = 50_000            # ~1 MB of page; beyond that, filter the trace first
@@ -58,7 +84,7 @@ def _title(trace):
             f"{len(trace)} message{'s' if len(trace) != 1 else ''}")
 
 
-def player_data(trace, *, layout_kind=None, title=None, detail_limit=DETAIL_LIMIT):
+def player_data(trace, *, layout_kind=None, title=None, detail_limit=DETAIL_LIMIT, contributions=None):
     """Everything the JavaScript draws, as JSON-ready Python data.
 
     ``events``: ``[step, src, dst, chunk index, op index, nbytes, span index]``
@@ -71,7 +97,14 @@ def player_data(trace, *, layout_kind=None, title=None, detail_limit=DETAIL_LIMI
     bit mask of contributing ranks per rank x chunk) and, for each step, the
     cells that changed ``[rank, chunk index, mask]``; or ``mode="aggregate"`` with
     ``held[step][rank]`` = contributions held, summed over chunks.
+
+    ``contributions`` (from ``contributions(res, inputs)``): chunks, ops and
+    holdings come from what the messages carried instead of from their labels,
+    and ``carried[i]`` = ``[hex mask of the ranks, [chunk indices]]`` says what
+    event i carried (None: not readable).
     """
+    if contributions is not None:
+        return _from_contributions(trace, contributions, layout_kind, title, detail_limit)
     if len(trace) > MAX_EVENTS:
         raise ValueError(f"this trace has {len(trace)} messages, more than the player draws "
                          f"({MAX_EVENTS}); show part of it, e.g. trace.filter(span=...)")
@@ -98,9 +131,31 @@ def player_data(trace, *, layout_kind=None, title=None, detail_limit=DETAIL_LIMI
             "computes": computes, "computeLabels": labels}
 
 
+def _from_contributions(trace, c, layout_kind, title, detail_limit):
+    """player_data for an unlabelled run: the labels are what the payloads say."""
+    if len(c.carried) != len(trace):
+        raise ValueError("these contributions belong to another run: "
+                         f"{len(c.carried)} messages, the trace has {len(trace)}")
+    data = player_data(trace, layout_kind=layout_kind, title=title, detail_limit=detail_limit)
+    ops = sorted({op for op in c.ops if op})
+    oi = {o: i for i, o in enumerate(ops)}
+    for event, carried, op in zip(data["events"], c.carried, c.ops):
+        event[3] = carried[0][0] if carried and carried[0] else -1     # the first chunk it covers
+        event[4] = oi.get(op, -1)
+    held = _encode(c.holdings, trace.world_size, range(len(c.chunks)), detail_limit) if c.holdings else None
+    data.update(chunks=[_label(k) for k in c.chunks], ops=ops, holdings=held, note=c.note,
+                carried=[None if x is None else [_mask(x[1]), x[0]] for x in c.carried],
+                contributionMode=c.mode)
+    return data
+
+
 def _group(label):
     """A group's label as the player writes it: its name, or its ranks "0,1"."""
     return None if label is None else (",".join(map(str, label)) if isinstance(label, tuple) else str(label))
+
+
+def _mask(ranks):     # a set of ranks as a hex bit mask: bit r = rank r
+    return format(sum(1 << r for r in ranks), "x")
 
 
 def _sort_key(c):     # numbers in numeric order (0, 1, ..., 10), then any other labels
@@ -118,27 +173,30 @@ def _holdings(trace, chunks, detail_limit):
         return None, "Chunk colours need at most 64 chunk labels, numbered 0, 1, ...; showing messages."
     if (trace.steps + 1) * n * len(chunks) > MAX_CELLS:
         return None, "Too big to replay chunk holdings; showing messages only."
-    h = holdings(trace, chunks)        # the checks above leave it nothing to object to
+    # The checks above leave holdings() nothing to object to.
+    return _encode(holdings(trace, chunks), n, chunks, detail_limit), ""
+
+
+def _encode(h, n, chunks, detail_limit):
+    """``h[step][rank][chunk]`` (sets of ranks) as the JavaScript reads it (see player_data)."""
     if n > detail_limit:
         return {"mode": "aggregate",
-                "held": [[sum(len(s) for s in state[r].values()) for r in range(n)] for state in h]}, ""
-
-    def mask(ranks):
-        return format(sum(1 << r for r in ranks), "x")
-    start = [mask(h[0][r][c]) for r in range(n) for c in chunks]
-    changes = [[[r, k, mask(now[r][c])] for r in range(n) for k, c in enumerate(chunks)
+                "held": [[sum(len(s) for s in state[r].values()) for r in range(n)] for state in h]}
+    start = [_mask(h[0][r][c]) for r in range(n) for c in chunks]
+    changes = [[[r, k, _mask(now[r][c])] for r in range(n) for k, c in enumerate(chunks)
                 if now[r][c] != before[r][c]]
                for before, now in zip([h[0]] + h[:-1], h)]
-    return {"mode": "detail", "start": start, "changes": changes}, ""
+    return {"mode": "detail", "start": start, "changes": changes}
 
 
 class TracePlayer:
     """An interactive player for one trace. Displays itself in a notebook
     (``_repr_html_``); ``html()`` is the snippet, ``page()`` a whole document."""
 
-    def __init__(self, trace, *, layout=None, title=None, detail_limit=DETAIL_LIMIT):
+    def __init__(self, trace, *, layout=None, title=None, detail_limit=DETAIL_LIMIT, contributions=None):
         self.trace = trace
-        self.data = player_data(trace, layout_kind=layout, title=title, detail_limit=detail_limit)
+        self.data = player_data(trace, layout_kind=layout, title=title, detail_limit=detail_limit,
+                                contributions=contributions)
 
     def __repr__(self):
         return f"<TracePlayer: {self.data['title']}>"
@@ -176,8 +234,15 @@ class TracePlayer:
 
 
 def show(trace, **options):
-    """The player for ``trace`` (options: ``layout`` in LAYOUTS, ``title``, ``detail_limit``)."""
+    """The player for ``trace`` (options: ``layout`` in LAYOUTS, ``title``, ``detail_limit``,
+    ``contributions``)."""
     return TracePlayer(trace, **options)
+
+
+def show_run(res, inputs, **options):
+    """The player for a run made with ``record_payloads=True``, coloured by what
+    its messages carried (``contributions(res, inputs)``), labels or not."""
+    return TracePlayer(res.trace, contributions=contributions(res, inputs), **options)
 
 
 def save_html(trace, path, **options):

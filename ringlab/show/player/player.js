@@ -5,7 +5,7 @@
  * holds after the step. Every message of the step is an arrow labelled with its
  * chunk and op. Plain JavaScript and SVG, no libraries, no network: the same code
  * runs in a notebook output, in the built book and in a saved .html file.
- * Python (ringlab/player/__init__.py) builds `data`; see player_data() there.
+ * Python (ringlab/show/player/__init__.py) builds `data`; see player_data() there.
  */
 (function () {
   "use strict";
@@ -63,13 +63,14 @@
     this.timer = null;
     this.speed = 1;
     // Events grouped by step; event = [step, src, dst, chunk index, op index, bytes, span index,
-    // group index (-1: the whole world)]. Compute events too, by the step after which they run.
+    // group index (-1: the whole world), carried ([hex mask of ranks, [chunk indices]] read from
+    // the payload, or null)]. Compute events too, by the step after which they run.
     this.byStep = [];
     this.computesByStep = [];
     for (var s = 0; s <= data.steps; s++) { this.byStep.push([]); this.computesByStep.push([]); }
-    var groupOf = data.eventGroups || [];
+    var groupOf = data.eventGroups || [], carried = data.carried || [];
     data.events.forEach(function (e, i) {
-      this.byStep[e[0]].push(e.concat([groupOf[i] === undefined ? -1 : groupOf[i]]));
+      this.byStep[e[0]].push(e.concat([groupOf[i] === undefined ? -1 : groupOf[i], carried[i] || null]));
     }, this);
     (data.computes || []).forEach(function (c) {
       this.computesByStep[Math.min(c[0], data.steps)].push(c);
@@ -226,7 +227,8 @@
       for (var o = 0; o < Math.min(n, 4); o++) {
         el("span", { "class": "rlp-swatch" }, legend, String(o)).style.background = ORIGIN[o % ORIGIN.length];
       }
-      el("span", {}, legend, n > 4 ? " … rank 0's, 1's, …" : " rank 0's, 1's, …");
+      el("span", {}, legend, (n > 4 ? " … rank 0's, 1's, …" : " rank 0's, 1's, …") +
+                             (d.contributionMode === "copy" ? "; blank: nothing yet" : ""));
     } else if (mode !== "none") {
       el("span", {}, legend, mode === "detail" ? "chunk holds k of " + n + " contributions: " :
                              "share of all contributions a rank holds: ");
@@ -245,6 +247,7 @@
       key.style.color = this.colours[i];
     }, this);
     if (mode === "detail") el("span", { "class": "rlp-hint" }, legend, "dashed: chunk sent; thick: chunk received");
+    if (d.carried) el("span", { "class": "rlp-hint" }, legend, "arrow labels: what each message carried, read from its values");
     if (d.computes && d.computes.length) el("span", { "class": "rlp-hint" }, legend, "⚙ under a rank: it computes after this step");
     if (d.groups && d.groups.length) el("span", { "class": "rlp-hint" }, legend, "[group]: the process group a message is in");
   };
@@ -276,7 +279,11 @@
           var who = ranksOf(state[r * nChunks + k]), count = who.length;
           tip = "rank " + r + ", chunk " + d.chunks[k] + ": contributions of rank" +
                 (count > 1 ? "s " : " ") + who.join(", ") + " (" + count + " of " + n + ")";
-          if (moveOnly) {                        // whose data: its own (pale) or rank o's colour
+          if (count === 0) {                     // nothing here yet (a gather's empty slot)
+            tip = "rank " + r + ", chunk " + d.chunks[k] + ": nothing yet";
+            fill = "#fff";
+            text = "";
+          } else if (moveOnly) {                 // whose data: its own (pale) or rank o's colour
             var origin = count === 1 ? who[0] : -1;
             text = count === 1 ? origin : count;
             fill = origin === r ? OWN : origin < 0 ? "#bbb" : ORIGIN[origin % ORIGIN.length];
@@ -316,21 +323,33 @@
       var p2 = { x: b.x - ux * edge + nx * bend * 0.3, y: b.y - uy * edge + ny * bend * 0.3 };
       var c = { x: (a.x + b.x) / 2 + nx * bend, y: (a.y + b.y) / 2 + ny * bend };
       var arrow = svg("g", { "class": "rlp-arrow", "data-step": e[0], "data-src": e[1], "data-dst": e[2],
-                             "data-chunk": chunk, "data-op": op }, self.arrows);
+                             "data-chunk": chunk, "data-op": op,
+                             "data-carried": e[8] ? ranksOf(e[8][0]).join(",") : "" }, self.arrows);
       svg("path", { d: "M" + p0.x + "," + p0.y + " Q" + c.x + "," + c.y + " " + p2.x + "," + p2.y,
                     stroke: colour, "stroke-width": labels ? 2.2 : 1.2, fill: "none",
                     "marker-end": "url(#" + self.uid + "-head" + self.colours.indexOf(colour) + ")" }, arrow);
       svg("title", {}, arrow, self.messageText(e));
       if (labels) {                      // at the middle of the curve (t = 1/2)
         // Big worlds: just the chunk (the colour says the op), so labels fit between ranks.
-        var name = chunk.length > 10 ? chunk.slice(0, 9) + "…" : chunk;     // e.g. long tuples
-        var text = chunk !== "" ? "c" + name + (op && d.worldSize <= 8 ? " " + op : "") : (op || e[5] + " B");
-        svg("text", { x: 0.25 * p0.x + 0.5 * c.x + 0.25 * p2.x, y: 0.25 * p0.y + 0.5 * c.y + 0.25 * p2.y + 4,
-                      "class": "rlp-arrow-label", fill: colour, "font-size": self.font }, arrow, text);
+        // Never shortened: an all-to-all's (src, dst) tuples are the point of its picture.
+        var name = /^-?\d+$/.test(chunk) ? "c" + chunk : chunk;
+        var text = e[8] ? self.carriedText(e, true) :
+          chunk !== "" ? name + (op && d.worldSize <= 8 ? " " + op : "") : (op || e[5] + " B");
+        var x = 0.25 * p0.x + 0.5 * c.x + 0.25 * p2.x, y = 0.25 * p0.y + 0.5 * c.y + 0.25 * p2.y + 4;
+        // A tuple of tuples (an all-to-all's blocks "((0, 1), (0, 2))") would run into the
+        // neighbouring labels on one line: one block per line instead, centred on the curve.
+        var lines = !e[8] && /^\(\(/.test(chunk) ? chunk.match(/\([^()]*\)/g) : [text];
+        var label = svg("text", { x: x, y: y - (lines.length - 1) * self.font * 0.55, "class": "rlp-arrow-label",
+                                  fill: colour, "font-size": self.font }, arrow);
+        lines.forEach(function (line, i) {
+          svg("tspan", { x: x, dy: i ? "1.1em" : 0 }, label, line);
+        });
       }
-      if (detail && e[3] >= 0) {         // outline the chunk that left and the one it landed in
-        self.cells[e[1]][e[3]].rect.setAttribute("class", "rlp-cell rlp-sent");
-        self.cells[e[2]][e[3]].rect.setAttribute("class", "rlp-cell rlp-got");
+      if (detail && e[3] >= 0) {         // outline the chunks that left and the ones they landed in
+        (e[8] ? e[8][1] : [e[3]]).forEach(function (k) {
+          self.cells[e[1]][k].rect.setAttribute("class", "rlp-cell rlp-sent");
+          self.cells[e[2]][k].rect.setAttribute("class", "rlp-cell rlp-got");
+        });
       }
     });
   };
@@ -362,12 +381,27 @@
 
   // "rank 0 → rank 1: chunk 3, reduce, 16 B, ring_allreduce" (the span only if
   // the trace has several, as the title already names a single one).
+  // What a message carried, read from its payload: "c2: 0+1+3" (a sum of those ranks'
+  // inputs) or "c2: from 3" (a copy of rank 3's); long form for the message list.
+  Player.prototype.carriedText = function (e, short) {
+    var d = this.d, ranks = ranksOf(e[8][0]), cells = e[8][1];
+    var name = cells.length > 1 ? d.chunks[cells[0]] + "–" + d.chunks[cells[cells.length - 1]] : d.chunks[cells[0]];
+    if (d.contributionMode === "sum") {
+      return short ? "c" + name + ": " + ranks.join("+") :
+        "carries the sum of rank" + (ranks.length > 1 ? "s " : " ") + ranks.join(", ") + " (" + ranks.length + " of " + d.worldSize + ")";
+    }
+    return short ? "c" + name + ": from " + ranks.join(",") :
+      "carries a copy of rank" + (ranks.length > 1 ? "s " : " ") + ranks.join(", ") + "'s data";
+  };
+
   Player.prototype.messageText = function (e) {
     var d = this.d, parts = [];
     if (e[3] >= 0) parts.push("chunk " + d.chunks[e[3]]);
     if (e[4] >= 0) parts.push(d.ops[e[4]]);
     parts.push(e[5] + " B");
     if (d.spans.length > 1 && d.spans[e[6]]) parts.push(d.spans[e[6]]);
+    if (e[8]) parts.push(this.carriedText(e, false));
+    else if (d.carried) parts.push("not a sum or copy of the inputs");
     var group = e[7] >= 0 ? " [group " + d.groups[e[7]] + "]" : "";
     return "rank " + e[1] + " → rank " + e[2] + group + ": " + parts.join(", ");
   };
