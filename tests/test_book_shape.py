@@ -46,8 +46,12 @@ CODE_WIDTH = OUTPUT_WIDTH = 88
 WINDOW = (1400, 900)
 MAX_SCREENS = 12
 
-# chapter -> the checks it does not pass yet ("height", "output width"); empty now
-PENDING = {}
+# chapter -> the checks it does not pass yet ("height", "output width")
+PENDING = {
+    # not restructured yet (its outputs print trace lines and Compute reprs of 97-111
+    # columns); the chapter belongs to another branch
+    "book/time_and_overlap": {"output width"},
+}
 
 # sources with code lines over 88 columns, not yet fixed (checked: they must still fail)
 PENDING_CODE = set()
