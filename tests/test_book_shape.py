@@ -48,17 +48,13 @@ MAX_SCREENS = 12
 
 # chapter -> the checks it does not pass yet ("height", "output width")
 PENDING = {
-    "book/world": {"height", "output width"},
-    "book/groups": {"height", "output width"},
-    "book/data_parallel/model": {"height", "output width"},
-    # restructured on another branch at the same time as this test was written
-    "book/ring_allreduce": {"height", "output width"},
-    "book/allgather": {"height"},
-    "book/reduce_scatter": {"height", "output width"},
+    # not restructured yet (its outputs print trace lines and Compute reprs of 97-111
+    # columns); the chapter belongs to another branch
+    "book/time_and_overlap": {"output width"},
 }
 
 # sources with code lines over 88 columns, not yet fixed (checked: they must still fail)
-PENDING_CODE = {"book/groups.md", "book/data_parallel/model.md"}
+PENDING_CODE = set()
 
 needs_built_book = pytest.mark.skipif(
     not BOOK_HTML,
