@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: book test unit notebooks lab grade bench clean
+.PHONY: book book-shape test unit notebooks lab grade bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -30,7 +30,13 @@ unit: $(STAMP)
 notebooks: $(STAMP)
 	$(BIN)/python -m pytest -q --nbval-lax -p no:cacheprovider exercises solutions
 
-test: unit notebooks book
+# Checks on the built book: chapter heights in a 1400 x 900 browser, output widths
+# (tests/test_book_shape.py; skipped by `make unit`, which builds no book).
+book-shape: book
+	RINGLAB_BOOK_HTML=$(CURDIR)/_build/html $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/test_book_shape.py
+
+test: unit notebooks book book-shape
 
 lab: $(STAMP)
 	$(BIN)/python -m pip install -e '.[lab]'

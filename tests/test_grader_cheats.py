@@ -305,6 +305,48 @@ def buckets_always_equal(comm, params, backward, cap_bytes):
     return {n: np.zeros_like(p).view(AlwaysEqual) for n, p in params.items()}
 
 
+# ============================================================== async_ps
+def _ps(comm, spec, worker=None, server=None):
+    from ringlab.data_parallel import async_ps as ps
+    task = ps.PSTask.from_spec(spec)
+    if comm.rank == 0:
+        return (server or ps.ps_server)(comm, task, float("inf"))
+    return (worker or ps.ps_worker)(comm, task)
+
+
+def ps_zeros_and_shared_memory(comm, spec, s):
+    """Workers push zeros; the server applies the real gradients, from a shared dict."""
+    def worker(comm, task):
+        k = 0
+        while (params := comm.recv(0)).size:
+            SHARED[comm.rank] = task.work(comm, params, k)
+            comm.send(np.zeros_like(params), 0)
+            k += 1
+
+    def server(comm, task, s):
+        params, log, read, issued = task.init.copy(), [], {}, 0
+        for w in range(1, comm.world_size):
+            read[w], issued = 0, issued + 1
+            comm.send(params, w)
+        while len(log) < issued:
+            w, _ = comm.recv_any()
+            log.append((w, read[w]))
+            params -= task.lr * SHARED[w]
+            if issued < task.updates:
+                read[w], issued = len(log), issued + 1
+                comm.send(params, w)
+            else:
+                comm.send(np.empty(0), w)
+        return params, np.array(log)
+    return _ps(comm, spec, worker, server)
+
+
+def ps_always_equal(comm, spec, s):
+    """The right run; the parameters returned claim to equal anything."""
+    out = _ps(comm, spec)
+    return None if out is None else (out[0].view(AlwaysEqual), out[1])
+
+
 CHEATS = [
     ("ring_allreduce", ar_zeros_and_shared_memory, "the right partial sum",
      ["at step 1 rank 0 sent rank 1", "not a sum of the ranks' parts"]),
@@ -336,6 +378,9 @@ CHEATS = [
     ("bucketed_grad_sync", buckets_shared_memory, "every message carries the bucket's gradients",
      ["shared outside the messages"]),
     ("bucketed_grad_sync", buckets_always_equal, "returns its result", ["AlwaysEqual"]),
+    ("async_ps", ps_zeros_and_shared_memory, "computed from the parameters the worker was sent",
+     ["worker 1's gradient 0 is not task.work"]),
+    ("async_ps", ps_always_equal, "returns its result", ["AlwaysEqual, a subclass of numpy.ndarray"]),
 ]
 
 

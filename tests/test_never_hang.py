@@ -72,3 +72,22 @@ def test_the_next_run_after_a_timeout_is_not_disturbed():
     from ringlab.collectives import ring_allreduce
     res = ringlab.run(ring_allreduce, [np.ones(3)] * 3)
     assert float(res.outputs[0][0]) == 3.0
+
+
+def test_a_rank_cannot_ignore_or_block_the_wake_up_signal():
+    import signal
+
+    def ignores(comm, x):
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        time.sleep(30)
+
+    def blocks(comm, x):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+        time.sleep(30)
+    for program in (ignores, blocks):
+        t = time.monotonic()
+        with pytest.raises(ringlab.RankError, match="SIGUSR2 is ringlab's"):
+            ringlab.run(program, [None] * 2, timeout=1)
+        assert time.monotonic() - t < 3
+    # Put back after the run: the process's own code may use them freely again.
+    assert (signal.signal.__name__, signal.pthread_sigmask.__name__) == ("signal", "pthread_sigmask")

@@ -187,6 +187,18 @@ def test_polling_is_completed_lets_the_others_progress():
     assert res.outputs[0][1] >= 1 and res.time == 1.0
 
 
+def test_ranks_polling_their_works_do_not_starve_them():
+    # Every rank polls its work: the pollers used to queue behind each other forever
+    # and never let the works (which come after them in the order) run.
+    def prog(comm, x):
+        work = comm.start(ring_allreduce, x)
+        while not work.is_completed():
+            pass
+        return work.wait()
+    res = ringlab.run(prog, [np.ones(8)] * 4, timeout=5)
+    assert all(np.array_equal(y, np.full(8, 4.0)) for y in res.outputs)
+
+
 def test_recv_any_takes_the_earliest_arrival():
     def server(comm, x):
         if comm.rank == 0:

@@ -58,6 +58,207 @@ def test_isolated_run_equals_ringlab_run(program, xs, args):
                                        all(np.array_equal(p, q) for p, q in zip(a, b)))
 
 
+def same_run(got, want):
+    """An isolated run's result is ringlab.run's: trace, spans, computes, groups, time, payloads."""
+    assert list(got.trace) == list(want.trace) and got.trace.spans == want.trace.spans
+    assert got.trace.computes == want.trace.computes and got.time == want.time
+    assert got.trace.group_ranks == want.trace.group_ranks
+    assert (got.payloads is None) == (want.payloads is None)
+    if want.payloads is not None:
+        assert got.payloads.keys() == want.payloads.keys()
+        assert all(np.array_equal(got.payloads[k], want.payloads[k]) for k in want.payloads)
+    assert len(got.outputs) == len(want.outputs)
+    for a, b in zip(got.outputs, want.outputs):
+        assert type(a) is type(b)
+        if isinstance(a, (list, tuple)):
+            assert len(a) == len(b) and all(np.array_equal(p, q) for p, q in zip(a, b))
+        elif a is not None:
+            assert np.array_equal(a, b) and a.dtype == b.dtype
+
+
+def test_compute_groups_split_barrier_and_recv_any_isolated_equal_ringlab_run():
+    def prog(comm, x):
+        comm.compute(0.5 * (comm.rank + 1), "forward", layer=comm.rank)
+        pair = comm.new_group([0, 1], name="pair")
+        everyone = comm.new_group(range(comm.world_size))          # a range, no name
+        row = comm.split(comm.rank % 2, key=-comm.rank, name="row")
+        comm.barrier()
+        out = ring_allreduce(row, x)
+        if pair is not None:
+            with pair.span("pair-sum"):
+                out = out + ring_allreduce(pair, x)
+        total = ring_allreduce(everyone, x)
+        if comm.rank == 0:
+            srcs = [comm.recv_any(tag=3)[0] for _ in range(comm.world_size - 1)]
+        else:
+            comm.compute(0.1 * (comm.world_size - comm.rank), "late")
+            comm.send(x[:2], 0, tag=3)
+            srcs = []
+        # Group labels are as in ringlab.run (a tuple of ranks is hashable), and so is repr.
+        labels = {everyone.group.label: 1, row.group.label: 2}
+        assert type(everyone.group.label) is tuple and len(labels) == 2 and hash(everyone.group)
+        assert repr(row) == f"<Comm rank={row.rank} world_size=2 group={row.group.label!r} step={row.step}>"
+        return [out, total, np.array(srcs, dtype=np.int64), np.array([comm.time, comm.step, row.rank])]
+
+    xs = inputs(4, 6)
+    for kw in ({}, {"network": ringlab.AlphaBeta(1e-3, 1e-6)}, {"mode": "rendezvous"}):
+        want = ringlab.run(prog, xs, record_payloads=True, **kw)
+        got = run_isolated(prog, xs, record_payloads=True, **kw)
+        same_run(got, want)
+    assert {e.group for e in want.trace} >= {"pair", "row[0]", "row[1]", (0, 1, 2, 3), None}
+    assert [c.label for c in want.trace.computes].count("late") == 3
+
+
+# -- comm.start: works run in the rank's process, on a thread of their own -----------------
+
+def overlapped(comm, x):
+    work = comm.start(ring_allreduce, x)               # on the communication stream
+    comm.compute(1e-2, "backward")
+    assert not work.is_completed() or comm.time >= 1e-2
+    return work.wait()
+
+
+def several_in_order(comm, x):
+    w1 = comm.start(ring_allreduce, x)
+    w2 = comm.start(ring_allreduce, 2 * x)
+    # The program's own messages (same tag as the works') never mix with theirs.
+    right, left = (comm.rank + 1) % comm.world_size, (comm.rank - 1) % comm.world_size
+    got = comm.sendrecv(x + 100, right, left)
+    polls = 0
+    while not w2.is_completed():
+        polls += 1
+    return [w1.wait(), w2.wait(), got, np.array([polls >= 0])]
+
+
+def buckets(comm, x):
+    """DDP-style: a bucket's all-reduce starts as soon as backward has made it."""
+    grads, works = np.zeros_like(x), []
+    for b, piece in enumerate(np.array_split(np.arange(x.size), 3)):
+        comm.compute(1e-3, "backward", bucket=b)
+        grads[piece] = x[piece] * (b + 1)
+        works.append(comm.start(ring_allreduce, grads[piece]))
+    return [w.wait() for w in works]
+
+
+def buffer_as_it_was(comm, x):
+    buf, peer = np.zeros(2), (comm.rank + 1) % 2
+    work = comm.start(lambda c: c.sendrecv(buf, peer, peer))   # sends before the buffer is written
+    comm.compute(1.0, "backward")
+    buf[...] = x[:2]
+    return work.wait()
+
+
+def on_two_groups(comm, x):
+    rows, cols = comm.split(comm.rank // 2, name="row"), comm.split(comm.rank % 2, name="col")
+    works = [rows.start(ring_allreduce, x), cols.start(ring_allreduce, x + 1)]   # two streams at once
+    return [works[1].wait(), works[0].wait()]
+
+
+def not_waited(comm, x):
+    comm.start(ring_allreduce, x)                      # the run still waits for it, as ringlab.run does
+    return x
+
+
+@pytest.mark.parametrize("program", [overlapped, several_in_order, buckets, buffer_as_it_was,
+                                     on_two_groups, not_waited])
+@pytest.mark.parametrize("kw", [{}, {"network": ringlab.AlphaBeta(1e-4, 1e-8)}, {"mode": "rendezvous"}],
+                         ids=["buffered", "network", "rendezvous"])
+def test_works_in_isolated_runs_equal_ringlab_run(program, kw):
+    xs = inputs(4 if program is not buffer_as_it_was else 2, 9)
+    want = ringlab.run(program, xs, record_payloads=True, **kw)
+    got = run_isolated(program, xs, record_payloads=True, **kw)
+    same_run(got, want)
+    assert {e.stream for e in want.trace} >= {1}
+
+
+def test_a_work_result_stays_in_the_rank_process():
+    def prog(comm, x):
+        work = comm.start(lambda c: {"sum": ring_allreduce(c, x), "fn": len})   # cannot cross the pipe
+        return work.wait()["sum"]
+    same_run(run_isolated(prog, inputs()), ringlab.run(prog, inputs()))
+
+
+def test_a_work_that_raises_is_that_ranks_error():
+    def bucket_sync(c, x):
+        ring_allreduce(c, x)
+        if c.rank == 2:
+            raise ValueError("bad bucket")
+        return x
+
+    def prog(comm, x):
+        work = comm.start(bucket_sync, x)
+        comm.compute(1.0)
+        return work.wait()
+    with pytest.raises(ringlab.RankError) as want:
+        ringlab.run(prog, inputs())
+    with pytest.raises(ringlab.RankError) as got:
+        run_isolated(prog, inputs())
+    assert (got.value.rank, got.value.step) == (want.value.rank, want.value.step) == (2, 6)
+    assert type(got.value.exc) is ValueError and str(got.value.exc) == "bad bucket"
+    assert "in bucket_sync" in got.value.program_traceback and "isolated.py" not in got.value.program_traceback
+    assert list(got.value.trace) == list(want.value.trace)
+
+    def bad_call(comm, x):                 # a CommError inside a work, from the simulator
+        return comm.start(lambda c: c.recv(c.world_size)).wait()
+    with pytest.raises(ringlab.RankError, match="there is no rank 4"):
+        run_isolated(bad_call, inputs())
+
+
+def test_a_work_that_deadlocks_or_never_ends_is_diagnosed():
+    def lonely(c, x):
+        return c.recv((c.rank + 1) % c.world_size)       # nobody sends on the stream
+
+    def waits(comm, x):
+        return comm.start(lonely, x).wait()
+
+    def returns_early(comm, x):
+        comm.start(lonely, x)
+        return x
+    for prog, says in ((waits, "rank 0: waits in work.wait() for lonely on the communication stream"),
+                       (returns_early, "rank 0: waits in recv(src=1) (on the communication stream)")):
+        with pytest.raises(ringlab.DeadlockError) as want:
+            ringlab.run(prog, inputs())
+        with pytest.raises(ringlab.DeadlockError) as got:
+            run_isolated(prog, inputs(), timeout=20)
+        assert got.value.waiting == want.value.waiting and got.value.finished == want.value.finished
+        assert str(got.value) == str(want.value) and says in str(got.value)
+        assert list(got.value.trace) == list(want.value.trace)
+
+    def spins(c, x):
+        while True:
+            pass
+
+    def sleeps(c, x):
+        import time
+        time.sleep(60)
+
+    for fn in (spins, sleeps):
+        def prog(comm, x, fn=fn):
+            return comm.start(fn, x).wait()
+        with pytest.raises(ringlab.ProgramTimeout) as e:
+            run_isolated(prog, inputs(2), timeout=1.0)
+        assert e.value.rank == 0
+
+
+def test_communication_from_a_thread_of_the_programs_own_is_refused():
+    def prog(comm, x):
+        import threading
+        box = []
+        t = threading.Thread(target=lambda: box.append(_try(lambda: comm.barrier())))
+        t.start()
+        t.join()
+        comm.barrier()
+        return np.array(["not from a thread it started" in box[0]])
+
+    def _try(f):
+        try:
+            f()
+            return "ran"
+        except ringlab.CommError as e:
+            return str(e)
+    assert all(y[0] for y in run_isolated(prog, inputs(2)).outputs)
+
+
 def test_right_solution_passes_isolated():
     def mine(comm, x):          # a learner's ring AllReduce, sent by value
         n, rank = comm.world_size, comm.rank

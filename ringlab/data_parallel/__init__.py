@@ -8,6 +8,8 @@
   parameter, one flat AllReduce after backward, and DDP's buckets overlapped
   with backward (``assign_buckets``, ``timed_backward``, ``sync_per_parameter``,
   ``sync_flat``, ``ddp_sync``, ``accumulate``).
+* ``async_ps`` (with ``ps_task``): asynchronous SGD with a parameter server
+  and bounded staleness (SSP).
 * ``torch_ddp``: the cross-check, the same training under PyTorch's
   ``DistributedDataParallel`` on gloo processes (``train_ddp``; needs torch).
 """

@@ -28,6 +28,7 @@ GRADERS = {
     "fix_ring_allgather": "exercises.collectives.fix_ring_allgather",
     "sync_sgd_step": "exercises.data_parallel.sync_sgd_step",
     "bucketed_grad_sync": "exercises.data_parallel.bucketed_grad_sync",
+    "async_ps": "exercises.data_parallel.async_ps",
 }
 
 

@@ -16,6 +16,13 @@ but:
   has an actor in it whose greenlet forwards its process's requests to a real
   ``Comm``, so matching, steps, trace, payloads and deadlock detection are
   the simulator's own, and the trace is the same, byte for byte;
+* ``comm.start(fn, ...)`` works too: ``fn`` and its arguments never leave the
+  rank's process. The grading process makes a real simulator work, whose
+  actor, when the simulator starts it, tells the rank's process to run ``fn``
+  on a thread of its own there and then serves that thread's calls as the
+  program's. Messages on the pipe carry a stream id (0: the program; a work:
+  its handle). A work's result stays in the rank's process: the grading
+  process hears only that it is done;
 * the program arrives as bytes (cloudpickle) and is unpickled *only inside the
   rank processes*: unpickling runs code. What comes back is decoded by
   ``wire.py`` (JSON and raw array bytes), never unpickled;
@@ -23,9 +30,11 @@ but:
   of address space per rank; a process that crashes or calls ``os._exit``
   becomes a ``RankError`` that says so.
 
-The scheduler still runs one rank at a time: when the simulator lets rank r
-go on, it answers r's pending request and waits for r's next one, while the
-other processes wait for their answers. So runs stay reproducible.
+The scheduler still runs one actor at a time: when the simulator lets rank r
+(or one of its works) go on, it answers that thread's pending request and
+waits for its next one, while every other thread waits for its answer. So
+runs stay reproducible, and a work's code and the program's touch shared
+arrays in the same order as in ``ringlab.run``.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import os
 import resource
 import signal
 import sys
+import threading
 import time
 import types
 import traceback
@@ -45,7 +55,7 @@ import numpy as np
 
 from ..comm import Comm, RunResult
 from ..errors import CommError, ProgramTimeout, RankError, DeadlockError, UnreceivedMessagesError
-from ..sim.world import Request, World
+from ..sim.world import Request, Work, World
 from ..trace import Trace
 from . import wire
 
@@ -80,10 +90,13 @@ def _rank_main(conn, program_bytes, memory_mb):
         if bad:
             raise TypeError(f"wrong result type: the program returned {bad}; a result must be a "
                             f"numpy array (or None, or a list of numpy arrays)")
-        wire.send(conn, ["done", result])
+        link.send(0, ["done", result])
+        # Works the program did not wait for go on (as in ringlab.run): keep reading
+        # the pipe for them until the grader ends this process.
+        link.receive(None)
     except BaseException as e:  # noqa: BLE001 - everything is reported to the grader
         with contextlib.suppress(BaseException):
-            wire.send(conn, ["error", type(e).__name__, str(e)[:2000], _rank_traceback(e)])
+            wire.send(conn, [0, ["error", type(e).__name__, str(e)[:2000], _rank_traceback(e)]])
     finally:
         os._exit(0)                  # no atexit handlers, no flushing of inherited state
 
@@ -125,14 +138,64 @@ def _rank_traceback(exc):
 
 
 class _Link:
-    """The rank's end of the pipe: one call, one answer."""
+    """The rank's end of the pipe: one call, one answer.
+
+    The program and its works (``comm.start``) share it. Each runs on a thread
+    of its own, named by a number (its *stream id*: 0 for the program, the
+    work's handle for a work) that every message carries both ways. The grading
+    process answers one of them at a time and then waits for that one's next
+    call, so only one thread runs learner code at any moment, in the order the
+    simulator decides, as in ``ringlab.run``. Whichever thread is waiting reads
+    the pipe and hands each answer to the thread it is for.
+    """
 
     def __init__(self, conn):
         self.conn = conn
+        self.lock = threading.Lock()            # one message at a time on the pipe
+        self.cond = threading.Condition()
+        self.inbox, self.reading, self.pending = {}, False, {}
+        self.local = threading.local()          # .sid: the stream id of this thread
+        self.local.sid = 0
+
+    def send(self, sid, body):
+        with self.lock:
+            wire.send(self.conn, [sid, body])
+
+    def receive(self, sid):
+        """The next message for stream ``sid`` (never, for None: then this
+        thread just reads for the others)."""
+        with self.cond:
+            while sid not in self.inbox:
+                if self.reading:
+                    self.cond.wait()
+                    continue
+                self.reading = True
+                self.cond.release()
+                try:
+                    message = wire.recv(self.conn)
+                finally:
+                    self.cond.acquire()
+                    self.reading = False
+                    self.cond.notify_all()
+                to, body = message if type(message) is list and len(message) == 2 else (None, None)
+                if to in self.pending:          # a work may run now: on a thread of its own
+                    self._spawn(to, body)
+                elif to is not None:
+                    self.inbox[to] = body
+            return self.inbox.pop(sid)
+
+    def _spawn(self, sid, go):
+        work, fn, args, kwargs = self.pending.pop(sid)
+        threading.Thread(target=_work_thread, args=(self, work, go, fn, args, kwargs),
+                         name=f"ringlab-work-{sid}", daemon=True).start()
 
     def call(self, handle, method, *args, **kwargs):
-        wire.send(self.conn, ["call", handle, method, list(args), [[k, v] for k, v in kwargs.items()]])
-        answer = wire.recv(self.conn)
+        sid = getattr(self.local, "sid", None)
+        if sid is None:
+            raise CommError("communication calls must come from the program or from a work "
+                            "(comm.start), not from a thread it started")
+        self.send(sid, ["call", handle, method, list(args), [[k, v] for k, v in kwargs.items()]])
+        answer = self.receive(sid)
         if answer[0] == "raise":
             raise rebuild_exception(answer[1], answer[2])
         return self.wrap(answer[1])
@@ -143,7 +206,24 @@ class _Link:
             return _RemoteComm(self, value.info)
         if kind == "request":
             return _RemoteRequest(self, value.id)
+        if kind == "work":
+            return _RemoteWork(self, value.id, value.info[1] if len(value.info) > 1 else "work")
         return value                    # None, arrays, numbers, a span's handle
+
+
+def _work_thread(link, work, go, fn, args, kwargs):
+    """A work's thread: runs ``fn(stream_comm, ...)`` once the simulator starts the
+    work (``go``). Its result stays here; the grading process hears only "done"."""
+    sid = link.local.sid = work._id
+    try:
+        if not (type(go) is list and len(go) == 2 and go[0] == "go"):
+            raise CommError("the grader did not start this work")
+        result = fn(link.wrap(wire.Handle(0, go[1])), *args, **kwargs)
+        work._result, work._done = result, True
+        link.send(sid, ["done"])
+    except BaseException as e:  # noqa: BLE001 - reported to the grader, as the program's errors
+        with contextlib.suppress(BaseException):
+            link.send(sid, ["error", type(e).__name__, str(e)[:2000], _rank_traceback(e)])
 
 
 class _RemoteRequest:
@@ -163,13 +243,33 @@ class _RemoteRequest:
         return self._link.call(self._id, "is_completed")
 
 
+class _RemoteWork:
+    """What ``comm.start`` returns in a rank's process: ``wait()`` gives the
+    function's result (which never left this process)."""
+
+    def __init__(self, link, handle, name="work"):
+        self._link, self._id, self.name = link, handle, name
+        self._result, self._done = None, False
+
+    def wait(self):
+        self._link.call(self._id, "wait")
+        return self._result
+
+    def is_completed(self):
+        return bool(self._link.call(self._id, "is_completed"))
+
+    def __repr__(self):
+        return f"<Work {self.name}>"
+
+
 class _RemoteComm:
     """``Comm`` as a rank's process sees it: every call goes to the grading process."""
 
     def __init__(self, link, info):
         from ..comm import Group
         _, self._id, self.rank, self.world_size, self.global_rank, ranks, label, gid = info
-        self.group = Group(tuple(ranks), label, gid)
+        # A label is a name or a tuple of ranks (hashable, as in ringlab.run): keep it a tuple.
+        self.group = Group(tuple(ranks), tuple(label) if type(label) is list else label, gid)
         self._link = link
 
     def _call(self, method, *args, **kwargs):
@@ -205,7 +305,16 @@ class _RemoteComm:
         self._call("compute", seconds, label, **meta)
 
     def start(self, fn, *args, **kwargs):
-        raise CommError("comm.start is not available in isolated (graded) runs")
+        """A work (see ``Comm.start``). ``fn`` and its arguments stay in this process:
+        the grader gets only the name, and starts the work's thread when the
+        simulator runs it."""
+        name = getattr(fn, "__name__", "work")
+        work = self._call("start", name if type(name) is str else "work")
+        if not isinstance(work, _RemoteWork):
+            raise CommError("comm.start: the grader did not create a work")
+        with self._link.cond:
+            self._link.pending[work._id] = (work, fn, args, kwargs)
+        return work
 
     def new_group(self, ranks, name=None):
         return self._call("new_group", ranks if type(ranks) in (list, tuple) else list(ranks), name)
@@ -226,7 +335,7 @@ class _RemoteComm:
 
     def __repr__(self):
         g = "" if self.group.label is None else f" group={self.group.label!r}"
-        return f"<Comm rank={self.rank} world_size={self.world_size}{g}>"
+        return f"<Comm rank={self.rank} world_size={self.world_size}{g} step={self.step}>"
 
 
 def rebuild_exception(name, message):
@@ -283,14 +392,22 @@ class _RankProcess:
         child.close()
         self.objects = {}
 
-    # -- the actor: the "program" the simulator runs for this rank ------------------
+    # -- the actors: the "program" the simulator runs for this rank, and its works ------
     def serve(self, comm, x, args, kwargs):
-        self._send(["start", x, list(args), [[k, v] for k, v in kwargs.items()], self._info(comm)])
+        try:
+            wire.send(self.conn, ["start", x, list(args), [[k, v] for k, v in kwargs.items()],
+                                  self._info(comm)])
+        except OSError:
+            raise self._died() from None
+        return self._serve(0)
+
+    def _serve(self, sid):
+        """Answer stream ``sid``'s calls until it is done; its result (the program's)."""
         while True:
-            message = self._receive()
+            message = self._receive(sid)
             kind = message[0] if isinstance(message, list) and message else None
-            if kind == "done" and len(message) == 2:
-                return message[1]
+            if kind == "done" and len(message) == (2 if sid == 0 else 1):
+                return message[1] if sid == 0 else None
             if kind == "error" and len(message) == 4:
                 exc = rebuild_exception(message[1], message[2])
                 raise _RemoteError(exc, str(message[3]))
@@ -300,7 +417,16 @@ class _RankProcess:
                 answer = ["ok", self._dispatch(*message[1:])]
             except Exception as e:  # noqa: BLE001 - the rank's mistake: raised in its own code
                 answer = ["raise", type(e).__name__, str(e)]
-            self._send(answer)
+            self._send([sid, answer])
+
+    def _start(self, comm, name):
+        """``comm.start``: a simulator work whose actor serves the rank's work
+        thread. Only the name comes from the rank; ``fn`` stays there."""
+        name = name if type(name) is str and name else "work"
+        server = _WorkServer(self, name[:200])
+        handle = self._wrap(comm.start(server))
+        server.sid = handle.id
+        return handle
 
     def _dispatch(self, handle, method, args, kwargs):
         obj = self.objects.get(handle) if type(handle) is int else None
@@ -319,26 +445,30 @@ class _RankProcess:
                 span = obj.span(*args)
                 span.__enter__()
                 return self._wrap(span)
-        elif isinstance(obj, Request) and method in ("wait", "is_completed"):
-            return getattr(obj, method)()
+            if method == "start" and len(args) == 1 and not kwargs:
+                return self._start(obj, args[0])
+        elif isinstance(obj, (Request, Work)) and method in ("wait", "is_completed"):
+            got = getattr(obj, method)()
+            return None if isinstance(obj, Work) and method == "wait" else got
         raise CommError(f"rank {self.rank}: {method}() is not a communication call")
 
     def _wrap(self, value):
-        """Comms and requests stay here; the rank gets a handle (a number)."""
-        if isinstance(value, (Comm, Request, contextlib.AbstractContextManager)):
+        """Comms, requests and works stay here; the rank gets a handle (a number).
+        A work's handle is also its stream id: never reused, as works stay here."""
+        if isinstance(value, (Comm, Request, Work, contextlib.AbstractContextManager)):
             handle = len(self.objects) + 1
             while handle in self.objects:
                 handle += 1
             self.objects[handle] = value
-            kind = ["request"] if isinstance(value, Request) else ["span"]
+            kind = (["request"] if isinstance(value, Request) else
+                    ["work", value.name] if isinstance(value, Work) else ["span"])
             return wire.Handle(handle, self._info(value, handle) if isinstance(value, Comm) else kind)
         return value
 
     def _info(self, comm, handle=0):
         self.objects[handle] = comm
         g = comm.group
-        label = list(g.label) if isinstance(g.label, tuple) else g.label
-        return ["comm", handle, comm.rank, comm.world_size, comm.global_rank, list(g.ranks), label, g.gid]
+        return ["comm", handle, comm.rank, comm.world_size, comm.global_rank, list(g.ranks), g.label, g.gid]
 
     # -- the pipe ----------------------------------------------------------------------
     def _send(self, value):
@@ -347,16 +477,25 @@ class _RankProcess:
         except OSError:
             raise self._died() from None
 
-    def _receive(self):
+    def _receive(self, sid):
+        """The next message, which must be stream ``sid``'s: the only one of this
+        rank's threads that was answered and has not called again."""
         left = self.deadline - time.monotonic()
         if left <= 0 or not self.conn.poll(left):
             raise _TimedOut(f"rank {self.rank} did not finish in time")
         try:
-            return wire.recv(self.conn)
+            message = wire.recv(self.conn)
         except (EOFError, OSError):
             raise self._died() from None
         except (wire.WireError, ValueError, RecursionError) as e:
             raise RankProcessDied(f"rank {self.rank}'s process sent a message that cannot be read ({e})") from None
+        if not (type(message) is list and len(message) == 2 and type(message[0]) is int):
+            raise RankProcessDied(f"rank {self.rank}'s process sent a message without its stream")
+        if message[0] != sid:
+            raise RankProcessDied(f"rank {self.rank}'s process sent a message out of turn (from stream "
+                                  f"{message[0]} while stream {sid} had the turn): did the program call "
+                                  f"the communicator from a thread of its own?")
+        return message[1]
 
     def _died(self):
         self.process.join(1.0)
@@ -373,6 +512,20 @@ class _RankProcess:
             self.process.kill()
         self.process.join()
         self.conn.close()
+
+
+class _WorkServer:
+    """The ``fn`` of a simulator work in an isolated run: when the simulator starts
+    the work, it tells the rank's process to run the learner's ``fn`` on a thread
+    there, then serves that thread's calls. Named as the learner's ``fn`` (the
+    simulator's diagnoses name it)."""
+
+    def __init__(self, rank, name):
+        self.rank, self.__name__, self.sid = rank, name, None
+
+    def __call__(self, comm):
+        self.rank._send([self.sid, ["go", self.rank._wrap(comm).info]])
+        return self.rank._serve(self.sid)
 
 
 @contextlib.contextmanager

@@ -39,9 +39,10 @@ FIELDS = ("notebook", "exercise", "result", "cases_passed", "cases_total", "fail
 # Modules that hold reference answers: a submission that refers to them is not the learner's work.
 # ringlab's reference code: a submission may not use it, except the packages its
 # grader names in ``ALLOWED_REFERENCES`` (Part 2's exercises build on Part 1's
-# collectives, e.g. ("collectives",)).
-REFERENCE = re.compile(r"^ringlab\.(collectives|grading|data_parallel)\b"
-                       r"|/ringlab/(collectives|grading|data_parallel)/")
+# collectives: ("collectives",)). In data_parallel, the modules that hold the
+# reference answers are banned; helpers such as ps_task are not.
+REFERENCE = re.compile(r"^ringlab\.(collectives|grading|data_parallel\.(?:async_ps|sync_sgd|buckets))\b"
+                       r"|/ringlab/(collectives|grading|data_parallel/(?:async_ps|sync_sgd|buckets))")
 MAX_SUBMISSION = 50 * 2**20
 
 # The cell the grader adds at the end of the notebook. It runs in the learner's

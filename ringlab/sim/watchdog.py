@@ -133,17 +133,33 @@ class ExitCalled(Exception):
 
 @contextlib.contextmanager
 def no_exit():
-    """While ranks run, ``os._exit`` raises ``ExitCalled`` instead of ending the process."""
-    real = os._exit
+    """While ranks run, the process stays ringlab's: ``os._exit`` raises
+    ``ExitCalled`` instead of ending it, and a program may not ignore, block
+    or take over the watchdog's wake-up signal (it would make a rank stuck in
+    a blocking call impossible to stop)."""
+    real_exit, real_signal, real_mask = os._exit, signal.signal, signal.pthread_sigmask
 
     def refuse(status=0):
         raise ExitCalled(f"os._exit({status}) was called: a rank cannot end the process; "
                          f"return from the program instead")
-    os._exit = refuse
+
+    def guarded_signal(signum, handler):
+        if signum == _WAKE:
+            raise RuntimeError(f"signal {signal.Signals(signum).name} is ringlab's: its watchdog "
+                               f"uses it to stop a rank stuck in a blocking call")
+        return real_signal(signum, handler)
+
+    def guarded_mask(how, mask):
+        if _WAKE is not None and how != signal.SIG_UNBLOCK and _WAKE in set(mask):
+            raise RuntimeError(f"signal {signal.Signals(_WAKE).name} is ringlab's: its watchdog "
+                               f"uses it to stop a rank stuck in a blocking call")
+        return real_mask(how, mask)
+
+    os._exit, signal.signal, signal.pthread_sigmask = refuse, guarded_signal, guarded_mask
     try:
         yield
     finally:
-        os._exit = real
+        os._exit, signal.signal, signal.pthread_sigmask = real_exit, real_signal, real_mask
 
 
 def _ours(filename):

@@ -48,13 +48,14 @@ class Actor:
     """A rank's program (stream 0) or one of its works (stream 1)."""
 
     __slots__ = ("rank", "stream", "glet", "clock", "time", "waiting", "finished", "result",
-                 "spans", "span_path", "comm", "unwinding")
+                 "spans", "span_path", "comm", "unwinding", "poll_push")
 
     def __init__(self, rank, stream=0, clock=0, time=0.0):
         self.rank, self.stream, self.glet, self.clock, self.time = rank, stream, None, clock, time
         self.waiting, self.finished, self.result = None, False, None
         self.spans, self.span_path, self.comm = [], "", None
         self.unwinding = False
+        self.poll_push = None      # the push count of its heap entry, while that is a poll
 
     def key(self):
         return (self.time, self.clock, self.rank, self.stream)
@@ -226,15 +227,24 @@ class World:
 
     def _poll(self, me):
         """A poll that found nothing: let the actor furthest behind run first
-        (time passes while one polls), so a polling loop cannot starve the others."""
-        if self.heap:
-            time, order = self.heap[0][:2]
+        (time passes while one polls), so a polling loop cannot starve the others.
+
+        "Furthest behind" skips the actors that are themselves polling: two ranks
+        polling would otherwise queue behind each other forever, at the same
+        place, and never let a third actor (the work they poll) run."""
+        heap = self.heap
+        top = heap[0] if heap else None
+        if top is not None and top[-1].poll_push == top[2]:
+            top = min((e for e in heap if e[-1].poll_push != e[2]), default=top)
+        if top is not None:
+            time, order = top[:2]
             me.time = max(me.time, time)
             me.clock = max(me.clock, order // (2 * self.world_size))
-            self.pushes += 1           # queued right behind the top entry
-            heapq.heappush(self.heap, (time, order, self.pushes, me))
+            self.pushes += 1           # queued right behind that entry
+            heapq.heappush(heap, (time, order, self.pushes, me))
         else:
             self._push(me)
+        me.poll_push = self.pushes
         self._yield()
 
     def _wake(self, actor, clock, time):
