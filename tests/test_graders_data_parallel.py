@@ -392,3 +392,32 @@ def test_sync_sgd_step_grades_isolated():
     report = grade_cases("sync_sgd_step", module, Submission(data, "sync_sgd_step"), seed=1,
                          runner=runner())
     assert report.passed, str(report)
+
+
+def test_bucketed_grad_sync_grades_isolated():
+    """Under `ringlab grade`: each rank its own process, the buckets' AllReduces on
+    the communication stream (comm.start) of isolated ranks; a right answer
+    passes and one that syncs after backward does not."""
+    import cloudpickle
+    import importlib
+    from ringlab.grading import GRADERS
+    from ringlab.grading.isolated import Submission, runner
+    from ringlab.grading.report import grade_cases
+    module = importlib.import_module(f"ringlab.grading.{GRADERS['bucketed_grad_sync']}")
+    for fn, passes in ((ddp_concat, True), (_variant(after=True), False)):
+        data = cloudpickle.dumps(fn)
+        report = grade_cases("bucketed_grad_sync", module, Submission(data, "bucketed_grad_sync"),
+                             seed=1, runner=runner())
+        assert report.passed == passes, str(report)
+
+
+def test_the_wire_carries_dicts_with_string_keys_only():
+    import multiprocessing
+    from ringlab.grading import wire
+    a, b = multiprocessing.Pipe()
+    wire.send(a, {"0.weight": np.ones((2, 3)), "0.bias": [1, (2.0, None)]})
+    got = wire.recv(b)
+    assert list(got) == ["0.weight", "0.bias"] and type(got["0.weight"]) is np.ndarray
+    assert got["0.bias"] == [1, (2.0, None)]
+    wire.send(a, {1: np.ones(2)})                 # not a str key: only its type name travels
+    assert "dict" in repr(wire.recv(b))

@@ -206,15 +206,8 @@ def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, s
                 row(exercise, "failed", f"submitted ringlab's own reference solution ({where})", **common)
             else:
                 module = importlib.import_module(f"ringlab.grading.{GRADERS[exercise]}")
-                if getattr(module, "IN_PROCESS", False):
-                    # Needs what isolated ranks lack (comm.start): the simulator, in this
-                    # process. Not isolated: a forged program could fake this result.
-                    import cloudpickle
-                    report = grade_cases(exercise, module, cloudpickle.loads(data), seed=seed)
-                    common["isolated"] = False
-                else:
-                    report = grade_cases(exercise, module, Submission(data, name), seed=seed,
-                                         runner=runner(memory_mb))
+                report = grade_cases(exercise, module, Submission(data, name), seed=seed,
+                                     runner=runner(memory_mb))
                 f = report.failure
                 result = "passed" if report.passed else "not implemented" if report.not_implemented else "failed"
                 row(exercise, result, "" if f is None else f"{f.case}: {f.what}".split("\n")[0][:300],

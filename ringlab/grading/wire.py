@@ -5,7 +5,7 @@ code. So values travel as a small JSON header plus raw array bytes, and only
 these kinds exist on the wire:
 
 * ``None``, ``bool``, ``int``, ``float``, ``str`` (JSON's own);
-* lists and tuples of values;
+* lists and tuples of values; dicts with ``str`` keys (a case's named gradients);
 * numpy arrays of a plain numeric dtype, sent as bytes + dtype + shape and
   rebuilt with ``numpy.frombuffer`` (an exact ``ndarray``, never a subclass);
 * a *handle*: the number of an object that lives on the other side
@@ -91,6 +91,8 @@ def _encode(v, arrays, depth):
         return {"a": len(arrays) - 1, "d": v.dtype.str, "s": list(v.shape)}
     if type(v) in (list, tuple):
         return {"l" if type(v) is list else "t": [_encode(x, arrays, depth + 1) for x in v]}
+    if type(v) is dict and all(type(k) is str for k in v):
+        return {"m": [[k, _encode(x, arrays, depth + 1)] for k, x in v.items()]}
     if isinstance(v, Handle):
         return {"h": v.id, "i": v.info}
     return {"o": type(v).__name__}
@@ -108,6 +110,11 @@ def _decode(t, buffers, depth):
     if "l" in t or "t" in t:
         items = [_decode(x, buffers, depth + 1) for x in (t.get("l") or t.get("t") or [])]
         return items if "l" in t else tuple(items)
+    if "m" in t:
+        pairs = t["m"] if isinstance(t["m"], list) else []
+        if not all(isinstance(kv, list) and len(kv) == 2 and isinstance(kv[0], str) for kv in pairs):
+            raise WireError("bad dict")
+        return {k: _decode(x, buffers, depth + 1) for k, x in pairs}
     if "h" in t:
         return Handle(int(t["h"]), t.get("i"))
     if "o" in t:

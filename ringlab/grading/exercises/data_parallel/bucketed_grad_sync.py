@@ -51,10 +51,6 @@ NAME = "bucketed_grad_sync"
 # Part 1's collectives are the tools here: `ringlab grade` lets submissions use them
 # (ring_allreduce), but not ringlab.data_parallel, which holds the reference answers.
 ALLOWED_REFERENCES = ("collectives",)
-# Isolated rank processes (``ringlab grade``) have no ``comm.start`` yet, so
-# trusted grading runs this exercise in the simulator in one process (see
-# ``ringlab.grading.trusted``: such a result is marked as not isolated).
-IN_PROCESS = True
 NETWORK = AlphaBeta(alpha=1e-6, beta=1e-9)   # an AllReduce here: ~10 us; a layer: >= 1 ms
 
 
