@@ -56,7 +56,6 @@ import numpy as np
 from ..comm import Comm, RunResult
 from ..errors import CommError, ProgramTimeout, RankError, DeadlockError, UnreceivedMessagesError
 from ..sim.world import Request, Work, World
-from ..trace import Trace
 from . import wire
 
 PRELOAD = ["numpy", "cloudpickle", "ringlab", "ringlab.grading.isolated"]
@@ -589,10 +588,8 @@ def run_isolated(program, inputs, *, args=(), kwargs=None, mode="buffered", time
 def _result(world, timeout, check_unreceived):
     """What ``ringlab.sim.run`` returns or raises, for this world (the same steps)."""
     actors = world.all_actors()
-    left = world.unreceived()
-    groups = {g.label: g.ranks for g in world.groups.values() if g.label is not None}
-    trace = Trace(world.events, world.world_size, [s for me in actors for s in me.spans], left,
-                  world.computes, groups)
+    trace = world.trace()
+    left = trace.unreceived
     if world.failure is not None:
         _, me, exc = world.failure
         if isinstance(exc, _TimedOut):

@@ -9,7 +9,6 @@
 
 from ..comm import RunResult
 from ..errors import DeadlockError, ProgramTimeout, RankError, UnreceivedMessagesError
-from ..trace import Trace
 from .watchdog import Interrupt, Watchdog, no_exit, program_traceback
 from .world import MODES, Request, Work, World
 
@@ -32,12 +31,9 @@ def run(program, inputs, *, args=(), kwargs=None, mode="buffered", timeout=10.0,
     except Interrupt as e:              # landed while cleaning up
         world.failure = world.failure or ("timeout", None, e)
 
-    # The trace so far: a failed run's errors carry it too, to explain where it stopped.
     actors = world.all_actors()
-    left = world.unreceived()
-    groups = {g.label: g.ranks for g in world.groups.values() if g.label is not None}
-    trace = Trace(world.events, world.world_size, [s for me in actors for s in me.spans], left,
-                  world.computes, groups)
+    trace = world.trace()
+    left = trace.unreceived
     if world.failure is not None:
         kind, me, exc = world.failure
         if kind == "timeout" or isinstance(exc, Interrupt):

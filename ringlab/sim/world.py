@@ -35,7 +35,7 @@ import numpy as np
 
 from ..comm import ANY, Comm, Group, mismatch, dtype_name
 from ..errors import CommError, Wait
-from ..trace import Compute, Event, Span
+from ..trace import Compute, Event, Span, Trace
 
 MODES = ("buffered", "rendezvous")
 # Ranks that refused to unwind. Kept alive on purpose: collecting a suspended
@@ -538,3 +538,10 @@ class World:
 
     def unreceived(self):
         return [self.events[i] for ch in self.channels.values() for i, _, _ in ch.messages]
+
+    def trace(self):
+        """The run's trace so far (a failed run's errors carry it too, to explain
+        where it stopped): messages, spans, computes, unreceived messages, groups."""
+        groups = {g.label: g.ranks for g in self.groups.values() if g.label is not None}
+        return Trace(self.events, self.world_size, [s for me in self.all_actors() for s in me.spans],
+                     self.unreceived(), self.computes, groups)
