@@ -31,24 +31,27 @@ def run(program, inputs, *, args=(), kwargs=None, mode="buffered", timeout=10.0,
     except Interrupt as e:              # landed while cleaning up
         world.failure = world.failure or ("timeout", None, e)
 
-    actors = world.all_actors()
-    trace = world.trace()
-    left = trace.unreceived
-    if world.failure is not None:
-        kind, me, exc = world.failure
-        if kind == "timeout" or isinstance(exc, Interrupt):
-            where = program_traceback(exc) if me is not None else ""
-            raise ProgramTimeout(timeout, me.rank if me else None, me.clock if me else None,
-                                 where) from None
-        raise RankError(me.rank, me.clock, exc, program_traceback(exc), trace) from exc
+    try:
+        actors = world.all_actors()
+        trace = world.trace()
+        left = trace.unreceived
+        if world.failure is not None:
+            kind, me, exc = world.failure
+            if kind == "timeout" or isinstance(exc, Interrupt):
+                where = program_traceback(exc) if me is not None else ""
+                raise ProgramTimeout(timeout, me.rank if me else None, me.clock if me else None,
+                                     where) from None
+            raise RankError(me.rank, me.clock, exc, program_traceback(exc), trace) from exc
 
-    unfinished = [me for me in actors if not me.finished]
-    if unfinished or world.any_waiters:
-        raise DeadlockError(world.waits(), [me.rank for me in world.actors if me.finished], trace)
+        unfinished = [me for me in actors if not me.finished]
+        if unfinished or world.any_waiters:
+            raise DeadlockError(world.waits(), [me.rank for me in world.actors if me.finished], trace)
 
-    if left and check_unreceived:
-        raise UnreceivedMessagesError(trace.unreceived)
-    return RunResult([me.result for me in world.actors], trace, world.payloads, trace.time)
+        if left and check_unreceived:
+            raise UnreceivedMessagesError(trace.unreceived)
+        return RunResult([me.result for me in world.actors], trace, world.payloads, trace.time)
+    finally:
+        world.release()     # no cycles left: the run's arrays go as soon as the caller drops them
 
 
 __all__ = ["run", "MODES", "Request", "Work"]

@@ -539,6 +539,18 @@ class World:
     def unreceived(self):
         return [self.events[i] for ch in self.channels.values() for i, _, _ in ch.messages]
 
+    def release(self):
+        """Break the world's reference cycles (actor -> comm -> world -> actor) once
+        a run is over, so that its arrays are freed when the caller lets go of
+        them, not at the next garbage collection: a simulation that runs again
+        then reuses warm memory instead of touching fresh pages."""
+        for me in self.all_actors():
+            me.comm = me.glet = me.waiting = me.result = None
+        for container in (self.channels, self.heap, self.works, self.streams,
+                          self.agreements, self.any_waiters):
+            container.clear()
+        self.actors, self.current, self.failure = [], None, None
+
     def trace(self):
         """The run's trace so far (a failed run's errors carry it too, to explain
         where it stopped): messages, spans, computes, unreceived messages, groups."""
