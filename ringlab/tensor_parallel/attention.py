@@ -1,0 +1,71 @@
+"""Self-attention with its heads split over ranks (Megatron-LM).
+
+Heads never interact until the output projection, so rank r takes a subset of
+whole heads: its q, k and v column blocks of the fused ``qkv`` (column
+parallel) and the matching rows of ``proj`` (row parallel). Scores, the causal
+softmax and ``probs @ v`` are per head, hence local. As in the MLP, the block
+is ``f -> qkv -> attention -> proj -> g``: one AllReduce forward, one backward.
+
+The heads must divide evenly: a head cannot be split (its softmax needs all of
+its q.k dot product), and Megatron gives every rank the same number.
+
+    >>> import numpy as np, ringlab
+    >>> from ringlab.nn import CausalSelfAttention
+    >>> attn = CausalSelfAttention(dim=8, n_heads=4, rng=np.random.default_rng(0))
+    >>> x = np.random.default_rng(1).standard_normal((2, 3, 8))
+    >>> def program(comm, x):
+    ...     layer = ParallelAttention.from_attention(attn, comm)
+    ...     return layer.heads, layer.forward(x)
+    >>> res = ringlab.run(program, [x] * 2)
+    >>> res.outputs[1][0]                          # rank 1 holds heads 2 and 3
+    range(2, 4)
+    >>> bool(np.allclose(res.outputs[1][1], attn.forward(x), rtol=0, atol=1e-12))
+    True
+"""
+
+import numpy as np
+
+from ..nn import CausalSelfAttention, Module
+from .layers import ColumnParallelLinear, RowParallelLinear
+
+
+class ParallelAttention(CausalSelfAttention):
+    """This rank's heads of a ``CausalSelfAttention``.
+
+    It runs the unsharded layer's own forward and backward: that code reads the
+    number of heads from the width of ``qkv``'s output, so with a
+    ``ColumnParallelLinear`` holding only my heads' columns and a
+    ``RowParallelLinear`` holding their rows of ``proj``, the same lines
+    compute my heads, and the two layers' f and g do the communication.
+    """
+
+    def __init__(self, comm, heads, head_dim, qkv, proj):
+        Module.__init__(self)           # not CausalSelfAttention's: it would draw new weights
+        self.comm, self.heads = comm, heads
+        self.n_heads, self.head_dim = len(heads), head_dim
+        self.qkv, self.proj = qkv, proj
+
+    @classmethod
+    def from_attention(cls, attn, comm):
+        H, hd, t = attn.n_heads, attn.head_dim, comm.world_size
+        if H % t:
+            raise ValueError(f"tensor-parallel degree {t} does not divide the number of heads "
+                             f"{H}: each rank must hold whole heads, the same number of them")
+        heads = range(comm.rank * H // t, (comm.rank + 1) * H // t)
+        # My heads' columns of the model dimension; head h is column block h.
+        mine = np.arange(heads.start * hd, heads.stop * hd)
+        dim = H * hd
+        # qkv's columns are [q | k | v]: my block of each, so the local output is
+        # again [my q | my k | my v], the layout split_heads expects.
+        qkv = ColumnParallelLinear.from_linear(
+            attn.qkv, comm, columns=np.concatenate([part * dim + mine for part in range(3)]))
+        proj = RowParallelLinear.from_linear(attn.proj, comm, rows=mine)
+        return cls(comm, heads, hd, qkv, proj)
+
+    def forward(self, x):
+        with self.comm.span("tp.attention.forward"):
+            return super().forward(x)       # qkv (f: no-op) -> my heads -> proj (g: AllReduce)
+
+    def backward(self, dy):
+        with self.comm.span("tp.attention.backward"):
+            return super().backward(dy)     # proj (local) -> my heads -> qkv (f: AllReduce)
