@@ -355,3 +355,26 @@ def test_isolated_grading_passes_the_reference_program_as_a_learner_would():
     from ringlab.grading.report import grade_cases
     module = importlib.import_module("ringlab.grading.exercises.data_parallel.async_ps")
     assert grade_cases("async_ps", module, other_program, seed=2, runner=runner()).passed
+
+
+def test_a_worker_cannot_fake_its_compute_time():
+    """Found by a red team: the right gradient, but a 'gradient' compute shorter than
+    the task's hidden time, so the worker looks faster than it is."""
+    from ringlab.data_parallel.ps_task import PSTask
+    from ringlab.data_parallel.async_ps import ps_server
+
+    def fast_workers(comm, spec, s=math.inf):
+        task = PSTask.from_spec(spec)
+        if comm.rank == 0:
+            return ps_server(comm, task, s)
+        k = 0
+        while True:
+            params = comm.recv(0)
+            if params.size == 0:
+                return None
+            comm.compute(1e-9, "gradient", k=k)
+            comm.send(task.gradient(params, comm.rank, k), 0)
+            k += 1
+    report = ringlab.grade("async_ps", fast_workers, seed=0, log=False)
+    assert not report.passed and report.failure.check == "one gradient computed per push"
+    assert "but that gradient takes" in str(report)

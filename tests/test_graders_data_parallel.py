@@ -421,3 +421,56 @@ def test_the_wire_carries_dicts_with_string_keys_only():
     assert got["0.bias"] == [1, (2.0, None)]
     wire.send(a, {1: np.ones(2)})                 # not a str key: only its type name travels
     assert "dict" in repr(wire.recv(b))
+
+
+def ddp_reads_future_gradients(comm, params, backward, cap_bytes):
+    """Found by a red team: all gradients read from the backward generator's frame,
+    every bucket's AllReduce started before backward made its gradients."""
+    buckets, names, size = [], [], 0
+    for name in reversed(list(params)):
+        names.append(name)
+        size += params[name].nbytes
+        if size >= cap_bytes:
+            buckets.append(names)
+            names, size = [], 0
+    if names:
+        buckets.append(names)
+    every = backward.gi_frame.f_locals["grads"]
+    works = [comm.start(ring_allreduce, np.concatenate([every[n].ravel() for n in b]))
+             for b in buckets]
+    for _ in backward:
+        pass
+    out = {}
+    for b, w in zip(buckets, works):
+        flat, offset = w.wait() / comm.world_size, 0
+        for n in b:
+            out[n] = flat[offset:offset + params[n].size].reshape(params[n].shape)
+            offset += params[n].size
+    return out
+
+
+def test_a_bucket_cannot_start_before_its_gradients_exist():
+    report = grade("bucketed_grad_sync", ddp_reads_future_gradients)
+    assert not report.passed and report.failure.check == "buckets start when their gradients are ready"
+    assert "before its last gradient was computed" in str(report)
+
+
+def test_ringlabs_reference_called_under_a_run_time_name_fails_isolated_grading():
+    """A red team's trick: the reference reached through a module name built at run
+    time (no string in the pickled bytes names it). The rank's profile hook sees it."""
+    import cloudpickle
+    import importlib
+    from ringlab.grading import GRADERS
+    from ringlab.grading.isolated import Submission, runner
+    from ringlab.grading.report import grade_cases
+    from ringlab.grading.trusted import banned_modules
+
+    def sync_sgd_step(comm, model, opt, x, y, batch_size):
+        name = ".".join(["ringlab", "data_" + chr(112) + "arallel", "sync" + chr(95) + "sgd"])
+        return importlib.import_module(name).sync_sgd_step(comm, model, opt, x, y, batch_size)
+
+    module = importlib.import_module(f"ringlab.grading.{GRADERS['sync_sgd_step']}")
+    report = grade_cases("sync_sgd_step", module, Submission(cloudpickle.dumps(sync_sgd_step),
+                         "sync_sgd_step"), seed=1,
+                         runner=runner(banned=banned_modules("sync_sgd_step")))
+    assert not report.passed and "ringlab's own reference solution" in str(report)

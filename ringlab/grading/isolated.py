@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import importlib
 import multiprocessing
 import os
 import resource
@@ -76,7 +77,7 @@ class Submission:
 # In the rank's process (untrusted from here on: the learner's code runs here)
 # =====================================================================================
 
-def _rank_main(conn, program_bytes, memory_mb):
+def _rank_main(conn, program_bytes, memory_mb, banned=()):
     os.setpgrp()                     # its own process group: the grader kills it and its children
     _limit(memory_mb)
     try:
@@ -84,7 +85,8 @@ def _rank_main(conn, program_bytes, memory_mb):
         program = cloudpickle.loads(program_bytes)
         _, x, args, kwargs, info = wire.recv(conn)
         link = _Link(conn)
-        result = program(_RemoteComm(link, info), x, *args, **dict(kwargs))
+        with _no_reference(banned):
+            result = program(_RemoteComm(link, info), x, *args, **dict(kwargs))
         bad = _bad_result(result)
         if bad:
             raise TypeError(f"wrong result type: the program returned {bad}; a result must be a "
@@ -98,6 +100,42 @@ def _rank_main(conn, program_bytes, memory_mb):
             wire.send(conn, [0, ["error", type(e).__name__, str(e)[:2000], _rank_traceback(e)]])
     finally:
         os._exit(0)                  # no atexit handlers, no flushing of inherited state
+
+
+class ReferenceCalled(Exception):
+    """The program ran ringlab's own reference solution."""
+
+
+@contextlib.contextmanager
+def _no_reference(banned):
+    """Fail the rank if, while the program runs, a function of the ``banned``
+    modules (ringlab's reference solutions for this exercise) is called, however
+    the program reached it (an import under a name built at run time, a package
+    attribute). A profile hook sees every call, on this thread and on the
+    threads of ``comm.start`` works."""
+    files = set()
+    for name in banned:
+        for mod in list(sys.modules.values()) + [importlib.import_module(name)]:
+            if getattr(mod, "__name__", "").startswith(name) and getattr(mod, "__file__", None):
+                files.add(mod.__file__)
+    if not files:
+        yield
+        return
+    hit = []
+
+    def hook(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename in files and not hit:
+            hit.append(frame.f_code.co_filename)
+    sys.setprofile(hook)
+    threading.setprofile(hook)
+    try:
+        yield
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+        if hit:
+            raise ReferenceCalled(f"the program called ringlab's own reference solution "
+                                  f"({os.path.relpath(hit[0], os.path.dirname(os.path.dirname(__file__)))})")
 
 
 def _limit(memory_mb):
@@ -381,10 +419,10 @@ COMM_CALLS = {"send", "isend", "recv", "irecv", "recv_any", "sendrecv", "compute
 class _RankProcess:
     """One rank's process, and the objects (comms, requests, spans) it may name."""
 
-    def __init__(self, ctx, rank, program_bytes, memory_mb, deadline):
+    def __init__(self, ctx, rank, program_bytes, memory_mb, deadline, banned=()):
         self.rank, self.deadline = rank, deadline
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_rank_main, args=(child, program_bytes, memory_mb),
+        self.process = ctx.Process(target=_rank_main, args=(child, program_bytes, memory_mb, banned),
                                    daemon=True, name=f"ringlab-rank-{rank}")
         with _without_main():
             self.process.start()
@@ -557,11 +595,13 @@ def _context():
 
 def run_isolated(program, inputs, *, args=(), kwargs=None, mode="buffered", timeout=10.0,
                  check_unreceived=True, record_payloads=False, network=None, memory_mb=512,
-                 backend="sim"):
+                 backend="sim", banned=()):
     """``ringlab.run`` with one process per rank (see the module's docstring).
 
     ``program`` is a ``Submission`` (cloudpickle bytes) or a function (pickled
     here, by value). ``timeout`` covers the whole run, process starts included.
+    ``banned``: modules whose functions the program must not call (the
+    exercise's reference solutions): a call fails the rank.
     """
     if backend != "sim":
         raise ValueError("isolated runs use the simulator")
@@ -575,7 +615,8 @@ def run_isolated(program, inputs, *, args=(), kwargs=None, mode="buffered", time
     world = World(len(inputs), mode, record_payloads, network)
     ranks = []
     try:
-        ranks = [_RankProcess(ctx, r, data, memory_mb, deadline) for r in range(len(inputs))]
+        ranks = [_RankProcess(ctx, r, data, memory_mb, deadline, tuple(banned))
+                 for r in range(len(inputs))]
         world.run(lambda comm, x, *a, **kw: ranks[comm.global_rank].serve(comm, x, a, kw),
                   inputs, args, kwargs or {})
     finally:
@@ -604,8 +645,8 @@ def _result(world, timeout, check_unreceived):
     return RunResult([me.result for me in world.actors], trace, world.payloads, trace.time)
 
 
-def runner(memory_mb=512):
+def runner(memory_mb=512, banned=()):
     """A drop-in for ``ringlab.run`` that runs isolated (``grade_cases(runner=...)``)."""
     def run(program, inputs, **kw):
-        return run_isolated(program, inputs, memory_mb=memory_mb, **kw)
+        return run_isolated(program, inputs, memory_mb=memory_mb, banned=banned, **kw)
     return run

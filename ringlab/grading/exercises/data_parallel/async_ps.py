@@ -22,7 +22,7 @@ the trace and its payloads (the run records them), on hidden worker speeds
    parameters or STOP, a worker sends gradients;
 4. each worker pulls, computes, pushes, pulls ... and ends on one STOP;
 5. each gradient is the one ``task.work`` computes from the parameters the
-   worker was sent (one ``"gradient"`` compute per push, of the hidden time);
+   worker was sent (one ``"gradient"`` compute per push, of exactly the hidden time);
 6. exactly ``task.updates`` gradients are pushed in all;
 7. the log lists the gradients in the order they arrived, each once;
 8. every parameter message is the initial parameters with the first v
@@ -170,6 +170,14 @@ def check(program, case, backend="sim"):
                         f"worker {w} computed gradients k={[c.get('k') for c in comp]} and "
                         f"pushed {len(up[w])}",
                         hint="Call task.work(comm, params, k) once per push, k = 0, 1, 2, ...")
+        for c in comp:
+            # The hidden compute time is part of the task: a shorter one fakes speed.
+            if not np.isclose(c.duration, task.compute_time(w, c.get("k")), rtol=1e-9, atol=0):
+                return fail("one gradient computed per push",
+                            f"worker {w} spent {c.duration:.6g} s on gradient k={c.get('k')}, "
+                            f"but that gradient takes {task.compute_time(w, c.get('k')):.6g} s",
+                            hint="Let task.work(comm, params, k) spend the compute time: do not "
+                                 "call comm.compute yourself for the gradient.")
         for k, e in enumerate(up[w]):
             want = task.gradient(res.payload(down[w][k]), w, k)
             if not np.array_equal(res.payload(e), want):

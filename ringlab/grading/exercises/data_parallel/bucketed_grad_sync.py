@@ -247,10 +247,23 @@ def _overlap(trace, case):
     # (the last bucket, and with a tiny cap also the one before it): exempt.
     params = {n: np.zeros(s) for n, s in info["shapes"]}
     early = [not any(n.startswith("0.") for n in b) for b in assign_buckets(params, info["cap"])]
+    buckets = assign_buckets(params, info["cap"])
     for r in range(p):
         back = [c for c in trace.computes if c.rank == r and c.label == "backward" and not c.stream]
         end = max(c.end for c in back)
+        done = {c.get("layer"): c.end for c in back}     # when each layer's gradients exist
         for k, (size, starts) in enumerate(calls):
+            ready = max(done.get(int(n.split(".")[0]), end) for n in buckets[k])
+            if starts[r] < ready - 1e-12:
+                # A gradient read before backward made it (e.g. from the backward
+                # generator's frame): no real DDP can send what does not exist yet.
+                return Failure(
+                    case.label, "buckets start when their gradients are ready",
+                    f"rank {r}: bucket {k} ({size} elements) started its AllReduce at "
+                    f"{starts[r] * 1e3:.3f} ms, before its last gradient was computed "
+                    f"({ready * 1e3:.3f} ms)",
+                    expected="each bucket's AllReduce starts after the backward of its layers",
+                    hint="Take gradients only from what the backward loop has yielded so far.")
             if early[k] and starts[r] >= end - 1e-12:
                 return Failure(
                     case.label, "buckets overlap backward",
