@@ -426,15 +426,7 @@ def test_the_wire_carries_dicts_with_string_keys_only():
 def ddp_reads_future_gradients(comm, params, backward, cap_bytes):
     """Found by a red team: all gradients read from the backward generator's frame,
     every bucket's AllReduce started before backward made its gradients."""
-    buckets, names, size = [], [], 0
-    for name in reversed(list(params)):
-        names.append(name)
-        size += params[name].nbytes
-        if size >= cap_bytes:
-            buckets.append(names)
-            names, size = [], 0
-    if names:
-        buckets.append(names)
+    buckets = assign_buckets(params, cap_bytes)
     every = backward.gi_frame.f_locals["grads"]
     works = [comm.start(ring_allreduce, np.concatenate([every[n].ravel() for n in b]))
              for b in buckets]
