@@ -9,7 +9,9 @@ import pytest
 
 import ringlab
 from ringlab.nn import Dropout, TransformerBlock
-from ringlab.tensor_parallel import ParallelTransformerBlock, tp_bytes_per_layer
+from ringlab.tensor_parallel import (ParallelTransformerBlock, activation_bytes,
+                                     layernorm_stats_bytes, paper_activation_bytes,
+                                     tp_bytes_per_layer)
 
 B, S, H, HEADS, HIDDEN = 2, 12, 24, 12, 96      # s and the heads divide by t = 1, 2, 3, 4
 DEGREES = [1, 2, 3, 4]
@@ -263,3 +265,57 @@ def test_sequence_parallel_layernorm_grads_are_partial_until_synced(t):
     assert [c["span"] for c in sync] == ["tp.sp.grad_sync/ring_allreduce"]
     assert sync[0]["bytes"] == t * 2 * (t - 1) * (4 * H * 8) // t     # one ring AR of 4h
     assert len(synced.trace) - len(raw.trace) == 2 * t * (t - 1)
+
+
+# -- activation memory: measured against Korthikanti et al. (2022) ------------------------
+
+def held_after_forward(t, sequence_parallel, store_input_shard=True):
+    """Bytes each rank's block holds for backward after a float16 forward, dropout on."""
+    block = make_block(0.1, dtype=np.float16)
+    x = data(B, S, H, seed=1).astype(np.float16)
+
+    def program(comm, _):
+        layer = ParallelTransformerBlock.from_block(block, comm, sequence_parallel,
+                                                    store_input_shard=store_input_shard)
+        y = layer.forward(my_tokens(comm, x, sequence_parallel))
+        assert y.dtype == np.float16
+        return activation_bytes(layer)
+    if t == 1 and not sequence_parallel:
+        block.forward(x)
+        return [activation_bytes(block)]                   # the unsharded block itself
+    return ringlab.run(program, [None] * t).outputs
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+@pytest.mark.parametrize("t", DEGREES)
+def test_activation_memory_is_the_papers_formula(t, sequence_parallel):
+    """Exactly the paper's bytes plus LayerNorm's rstd (2 LayerNorms x one float16 per
+    token: 4bs bytes, 4bs/t with sequence parallelism), which the paper neglects:
+    34sbh + 5as^2b (t = 1); sbh(10 + 24/t + 5as/(ht)) (TP); (sbh/t)(34 + 5as/h) (TP+SP)."""
+    s, b, h, a = S, B, H, HEADS
+    sbh = s * b * h
+    if sequence_parallel:
+        paper = sbh * (34 * h + 5 * a * s) // (t * h)
+    else:
+        paper = sbh * (10 * t * h + 24 * h + 5 * a * s) // (t * h)
+    assert paper == paper_activation_bytes(s, b, h, a, t, sequence_parallel)
+    ln_stats = 2 * 2 * (b * s // t if sequence_parallel else b * s)
+    assert layernorm_stats_bytes(s, b, t, sequence_parallel) == ln_stats
+    assert held_after_forward(t, sequence_parallel) == [paper + ln_stats] * t
+
+
+def test_activation_memory_numbers():
+    """The numbers (bytes per rank, s=12, b=2, h=24, a=12, float16): what the book quotes."""
+    assert held_after_forward(1, False) == [36864 + 96]
+    assert held_after_forward(4, False)[0] == 13536 + 96
+    assert held_after_forward(4, True)[0] == 9216 + 24          # = (36864 + 96) / 4
+
+
+@pytest.mark.parametrize("t", [2, 3])
+def test_keeping_gathered_inputs_costs_two_whole_inputs(t):
+    """store_input_shard=False keeps the QKV and fc inputs whole: 2 * 2sbh(t-1)/t bytes more
+    than the formula (and saves the 2 AllGathers in backward)."""
+    kept = held_after_forward(t, True, store_input_shard=False)
+    extra = 2 * 2 * S * B * H * (t - 1) // t
+    assert kept == [paper_activation_bytes(S, B, H, HEADS, t, True)
+                    + layernorm_stats_bytes(S, B, t, True) + extra] * t

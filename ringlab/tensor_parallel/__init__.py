@@ -28,9 +28,11 @@ from .sequence import (GatherFromSequenceParallelRegion, ReduceScatterToSequence
                        SequenceParallelColumnLinear, SequenceParallelRowLinear, g_bar)
 from .dropout import ShardedDropout
 from .block import ParallelTransformerBlock, tp_bytes_per_layer
+from .memory import activation_bytes, layernorm_stats_bytes, paper_activation_bytes
 
 __all__ = ["CopyToTensorParallelRegion", "ReduceFromTensorParallelRegion", "f", "g",
            "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelAttention",
            "GatherFromSequenceParallelRegion", "ReduceScatterToSequenceParallelRegion", "g_bar",
            "SequenceParallelColumnLinear", "SequenceParallelRowLinear", "ShardedDropout",
-           "ParallelTransformerBlock", "tp_bytes_per_layer"]
+           "ParallelTransformerBlock", "tp_bytes_per_layer",
+           "activation_bytes", "paper_activation_bytes", "layernorm_stats_bytes"]
