@@ -11,7 +11,7 @@ import ringlab
 from ringlab.nn import Dropout, TransformerBlock
 from ringlab.tensor_parallel import (ParallelTransformerBlock, activation_bytes,
                                      layernorm_stats_bytes, paper_activation_bytes,
-                                     tp_bytes_per_layer)
+                                     tp_bytes_per_layer, tp_dp_sgd_step)
 
 B, S, H, HEADS, HIDDEN = 2, 12, 24, 12, 96      # s and the heads divide by t = 1, 2, 3, 4
 DEGREES = [1, 2, 3, 4]
@@ -319,3 +319,34 @@ def test_keeping_gathered_inputs_costs_two_whole_inputs(t):
     extra = 2 * 2 * S * B * H * (t - 1) // t
     assert kept == [paper_activation_bytes(S, B, H, HEADS, t, True)
                     + layernorm_stats_bytes(S, B, t, True) + extra] * t
+
+
+# -- TP x DP on a 2-D mesh ---------------------------------------------------------------
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+@pytest.mark.parametrize("shape", [(2, 2), (2, 3)])
+def test_tp_dp_step_equals_single_process_sgd(shape, sequence_parallel):
+    """Dropout off: a dp row drawing masks for its b/dp sequences would draw other numbers
+    than one process drawing them for all b."""
+    dp, tp = shape
+    block, lr = make_block(), 0.1
+    x, dy = data(2 * B, S, H, seed=1), data(2 * B, S, H, seed=2)    # dp = 2 rows of B
+    res = ringlab.run(tp_dp_sgd_step, [(block, x, dy, shape, lr, sequence_parallel)] * (dp * tp))
+    block.forward(x), block.backward(dy)                           # the whole batch, one process
+    want = {k: p - lr * block.named_grads()[k] for k, p in block.named_parameters().items()}
+    for params, index in res.outputs:
+        for name, p in params.items():
+            close(p, want[name][index[name]])
+    # Each collective in its own group: the block's in its row, the gradient sync in its column.
+    groups = {"tp": [f"tp[{r // tp}]" for r in range(dp * tp)],
+              "dp": [f"dp[{r % tp}]" for r in range(dp * tp)]}
+    for e in res.trace:
+        axis = "dp" if e.span.startswith("dp.grad_sync") else "tp"
+        assert e.span.startswith(("tp.block.", "tp.sp.grad_sync", "dp.grad_sync"))
+        assert e.group == groups[axis][e.src] == groups[axis][e.dst]
+    assert res.trace.groups == [f"tp[{k}]" for k in range(dp)] + [f"dp[{j}]" for j in range(tp)]
+    n_params = len(block.named_parameters())
+    dp_sync = [c for c in res.trace.collectives() if c["span"] == "dp.grad_sync/ring_allreduce"]
+    assert len(dp_sync) == n_params * tp                   # every shard, in each of tp columns
+    sp_sync = [c for c in res.trace.collectives() if c["span"] == "tp.sp.grad_sync/ring_allreduce"]
+    assert len(sp_sync) == (dp if sequence_parallel else 0)

@@ -12,6 +12,7 @@
   ``g`` (AllGather forward, ReduceScatter backward) and ``g_bar`` (the reverse),
   and the linears that use them; ``block(..., sequence_parallel=True)``.
 * ``dropout``: ``ShardedDropout``, a shard of the unsharded layer's dropout mask.
+* ``hybrid``: ``tp_dp_sgd_step``, one SGD step with TP inside DP on a 2-D mesh.
 * ``memory``: the activation bytes a block holds for backward, and the
   paper's formulas for them.
 
@@ -28,6 +29,7 @@ from .sequence import (GatherFromSequenceParallelRegion, ReduceScatterToSequence
                        SequenceParallelColumnLinear, SequenceParallelRowLinear, g_bar)
 from .dropout import ShardedDropout
 from .block import ParallelTransformerBlock, tp_bytes_per_layer
+from .hybrid import tp_dp_sgd_step
 from .memory import activation_bytes, layernorm_stats_bytes, paper_activation_bytes
 
 __all__ = ["CopyToTensorParallelRegion", "ReduceFromTensorParallelRegion", "f", "g",
@@ -35,4 +37,5 @@ __all__ = ["CopyToTensorParallelRegion", "ReduceFromTensorParallelRegion", "f", 
            "GatherFromSequenceParallelRegion", "ReduceScatterToSequenceParallelRegion", "g_bar",
            "SequenceParallelColumnLinear", "SequenceParallelRowLinear", "ShardedDropout",
            "ParallelTransformerBlock", "tp_bytes_per_layer",
-           "activation_bytes", "paper_activation_bytes", "layernorm_stats_bytes"]
+           "activation_bytes", "paper_activation_bytes", "layernorm_stats_bytes",
+           "tp_dp_sgd_step"]
