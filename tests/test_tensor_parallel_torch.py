@@ -12,8 +12,9 @@ from ringlab.nn import MLP, CausalSelfAttention, TransformerBlock
 from ringlab.tensor_parallel import (ParallelAttention, ParallelMLP, ParallelTransformerBlock,
                                      tp_dp_sgd_step)
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
-                                reason="backend='torch' needs PyTorch: pip install 'ringlab[torch]'")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None,
+    reason="backend='torch' needs PyTorch: pip install 'ringlab[torch]'")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -36,7 +36,7 @@ from .flat import FlatBuffer, flatten
 from . import data
 
 __all__ = [
-    "Module", "Sequential", "Linear", "GeLU", "Dropout", "LayerNorm", "Embedding", "CausalSelfAttention",
-    "MLP", "TransformerBlock", "GPT", "mlp_model", "cross_entropy", "mse", "SGD", "Adam",
+    "Module", "Sequential", "Linear", "GeLU", "Dropout", "LayerNorm", "Embedding",
+    "CausalSelfAttention", "MLP", "TransformerBlock", "GPT", "mlp_model", "cross_entropy", "mse", "SGD", "Adam",
     "FlatBuffer", "flatten", "count_params", "param_bytes", "data",
 ]

@@ -9,7 +9,8 @@
 * ``block``: ``ParallelTransformerBlock``, a whole pre-LN block: 2 AllReduces
   forward, 2 backward (``tp_bytes_per_layer``).
 * ``sequence``: sequence parallelism (Korthikanti et al. 2022): the paper's
-  ``g`` (AllGather forward, ReduceScatter backward) and ``g_bar`` (the reverse),
+  ``sequence.g`` (AllGather forward, ReduceScatter backward; not Megatron's
+  ``g`` above) and ``g_bar`` (the reverse),
   and the linears that use them; ``block(..., sequence_parallel=True)``.
 * ``dropout``: ``ShardedDropout``, a shard of the unsharded layer's dropout mask.
 * ``hybrid``: ``tp_dp_sgd_step``, one SGD step with TP inside DP on a 2-D mesh.

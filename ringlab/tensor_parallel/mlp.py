@@ -58,6 +58,7 @@ class ParallelMLP(Module):
             h = self.fc.forward(x)           # (b, s, hidden/t): my hidden units, no communication
             h = self.act.forward(h)          # local: complete entries, so GeLU applies exactly
             return self.proj.forward(h)      # partial sums of Y -> the one AllReduce (g)
+                                             # (with SP: g-bar's ReduceScatter)
 
     def backward(self, dy):
         with self.comm.span("tp.mlp.backward"):
