@@ -375,7 +375,7 @@ ATTENTION_RIGHT = [attention(flat_ring), attention(shaped_ring, bias_where="rank
 ATTENTION_WRONG = [
     (attention(heads="contiguous"), "y equals",
      ["qkv split as one contiguous block", "a block of each of q, k and v"]),
-    (attention(heads="strided"), 'grads["qkv.weight"] equals', ["heads split unevenly / not block r"]),
+    (attention(heads="strided"), 'grads["qkv.weight"] equals', ["your heads are not block r"]),
     (attention(heads="uneven", check_heads=False), "raises ValueError when t does not divide",
      ["ValueError on every rank", "naming"]),
     (attention(bias_where="every"), "y equals", ["counts t times"]),

@@ -465,7 +465,7 @@ def _describe(result, e, p, t):
 
 def _not_operand(case, pname, p, e, pay, held):
     return Failure(case.label, f"{pname} communication",
-                   f"in your {pname} rank {e.src} sent rank {e.dst} {held}"
+                   f"in your {pname}, rank {e.src} sent rank {e.dst} {held}"
                    + ("" if held == "zeros" or held.startswith("an array") else
                       f" {p.operand}, nor a partial sum of it over some of the ranks"),
                    expected=f"pieces of {p.operand}, summed over some of the ranks, as float64 "

@@ -169,8 +169,8 @@ def group(w, rng, dims, t):
         Mistake({"qkv.weight": [full["qkv.weight"][:, cc] for cc, _ in strided],
                  "qkv.bias": [full["qkv.bias"][cc] for cc, _ in strided],
                  "proj.weight": [full["proj.weight"][m] for _, m in strided]},
-                "heads split unevenly / not block r: your gradients are those of heads r, r+t, "
-                "r+2t, ... (r::t)", HEADS_HINT),
+                "your heads are not block r (interleaved): your gradients are those of heads "
+                "r, r+t, r+2t, ... (r::t)", HEADS_HINT),
     ]
     return Expected(inputs, outputs, passes, mistakes)
 
