@@ -219,7 +219,8 @@ def _returned(result, case, layer):
         if not (isinstance(out, (list, tuple)) and out and isinstance(out[0], np.ndarray)):
             return Failure(case.label, "returns (y, backward); backward returns (dx, grads)",
                            f"{who(case, g)} returned nothing the grader can read",
-                           hint="Return (y, backward) from the function and (dx, grads) from backward.")
+                           hint="Return (y, backward) from the function, (dx, grads) from "
+                                "backward.")
         if out[0].size:
             text = out[0].tobytes().decode(errors="replace")
             return Failure(case.label, "returns (y, backward); backward returns (dx, grads)",
@@ -228,7 +229,8 @@ def _returned(result, case, layer):
         want = case.info["groups"][g // t].outputs[g % t]
         for (key, w), v in zip(want.items(), out[1:]):
             name = _name(key)
-            failure = plain_array(case, f"{who(case, g)}'s {name}", v, f"an array of shape {w.shape}")
+            failure = plain_array(case, f"{who(case, g)}'s {name}", v,
+                                  f"an array of shape {w.shape}")
             if failure:
                 return failure
             if v.shape != w.shape:
@@ -268,7 +270,8 @@ def _values(result, case, layer):
             return Failure(
                 case.label, f"{_name(key)} equals the unsharded layer's",
                 f"{who(case, g)}: {_name(key)} differs from the unsharded ringlab.nn layer's "
-                f"{layer.BLOCKS[key]} (relative error {rel_error(got, want):.2g}, tolerance {TOL:g})"
+                f"{layer.BLOCKS[key]} (relative error {rel_error(got, want):.2g}, "
+                f"tolerance {TOL:g})"
                 + (f":\n{what}" if what else ""),
                 expected=numbers(want), got=numbers(got), hint=hint)
     return None
@@ -315,7 +318,7 @@ class _Lookup:
                 members = tuple(r for r in range(t) if mask >> r & 1)
                 add(sum(alt[r] for r in members), SUM, members)
             total = sum(alt)
-            for k in range(2, t + 1):          # sums of an already reduced value: a second AllReduce
+            for k in range(2, t + 1):     # sums of an already reduced value: a second AllReduce
                 add(k * total, RESUM, k)
         for label, (arrays, _, _) in p.raw.items():
             for r, a in enumerate(arrays):

@@ -28,7 +28,8 @@ from .common import Expected, Mistake, Pass, block
 from ....nn import MLP, GeLU
 
 NAME = "megatron_mlp"
-ALLOWED_REFERENCES = ("collectives",)   # ring_allreduce is a tool here; ringlab.tensor_parallel is not
+# ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
+ALLOWED_REFERENCES = ("collectives",)
 GRADS = ("fc.weight", "fc.bias", "proj.weight", "proj.bias")
 CASES = [(2, None, (3, 5, 4, 8)), (1, None, (2, 3, 4, 8)), (3, None, (2, 5, 6, 12)),
          (4, None, (3, 5, 6, 16)), (2, (2, 2), (3, 3, 4, 10)), (3, (2, 3), (2, 4, 5, 9)),
@@ -49,7 +50,8 @@ G_HINT = ("fc is column-parallel and proj row-parallel: rank r computes GeLU(x A
 F_HINT = ("Backward, rank r's dX is only the part that flows through its hidden units: "
           "AllReduce it once (Megatron's f).")
 HINTS = {"y": G_HINT, "dx": F_HINT,
-         "fc.weight": "fc's dW_r = x^T dU_r, dU_r the gradient of your hidden pre-activations: local.",
+         "fc.weight": "fc's dW_r = x^T dU_r, dU_r the gradient of your hidden "
+                      "pre-activations: local.",
          "fc.bias": "fc's db_r = dU_r summed over batch and sequence: local.",
          "proj.weight": "proj's dW_r = GeLU(U_r)^T dY over all b*s rows: local.",
          "proj.bias": "proj's db = dY summed over batch and sequence, on every rank: no AllReduce."}
@@ -88,7 +90,8 @@ def group(w, rng, dims, t):
     dx = mlp.backward(dy)
     full = mlp.named_grads()
     hid = [block(h4, t, r) for r in range(t)]
-    outputs = [{"y": y, "dx": dx, "fc.weight": full["fc.weight"][:, k], "fc.bias": full["fc.bias"][k],
+    outputs = [{"y": y, "dx": dx, "fc.weight": full["fc.weight"][:, k],
+                "fc.bias": full["fc.bias"][k],
                 "proj.weight": full["proj.weight"][k], "proj.bias": full["proj.bias"]} for k in hid]
     parts, hs, us, dus, partial_dx = [], [], [], [], []
     for k in hid:
@@ -122,7 +125,8 @@ def group(w, rng, dims, t):
                 "the bias was added on every rank before the AllReduce: it counts t times",
                 "Add proj_bias after the AllReduce (or on one rank only before it): once."),
         Mistake({"y": [p + c for p in parts]},
-                "your Y is only your hidden units' contribution: no AllReduce in forward (g)", G_HINT),
+                "your Y is only your hidden units' contribution: no AllReduce in forward (g)",
+                G_HINT),
         Mistake({"dx": partial_dx},
                 "your dX is only your shard's contribution: no AllReduce in backward (f)", F_HINT),
         Mistake({"dx": [t * p for p in partial_dx]},

@@ -27,7 +27,8 @@ from .common import Expected, Mistake, Pass, block
 from ....nn import Linear
 
 NAME = "row_parallel_linear"
-ALLOWED_REFERENCES = ("collectives",)   # ring_allreduce is a tool here; ringlab.tensor_parallel is not
+# ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
+ALLOWED_REFERENCES = ("collectives",)
 GRADS = ("weight", "bias")
 CASES = [(2, None, (3, 5, 8, 5)), (1, None, (2, 3, 4, 6)), (3, None, (2, 5, 9, 7)),
          (4, None, (3, 5, 8, 6)), (2, (2, 2), (3, 3, 6, 4)), (3, (2, 3), (2, 4, 6, 5)),

@@ -30,7 +30,8 @@ from .common import Expected, Mistake, Pass, block
 from ....nn import CausalSelfAttention, Linear, Module
 
 NAME = "tp_attention"
-ALLOWED_REFERENCES = ("collectives",)   # ring_allreduce is a tool here; ringlab.tensor_parallel is not
+# ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
+ALLOWED_REFERENCES = ("collectives",)
 GRADS = ("qkv.weight", "qkv.bias", "proj.weight", "proj.bias")
 # (t, mesh, (b, s, h, n_heads)); t=3 with 4 heads: the ValueError case
 CASES = [(2, None, (3, 5, 8, 4)), (1, None, (2, 3, 4, 2)), (3, None, (2, 5, 6, 3)),
@@ -127,7 +128,8 @@ def group(w, rng, dims, t):
         "forward": Pass(1, f"the partial products (your heads' outputs @ proj rows, {n} elements)",
                         [parts, [p + (c if r == 0 else 0) for r, p in enumerate(parts)],
                          [p + c / t for p in parts]],
-                        raw={"O": ([p[2] for p in local], "your heads' outputs (probs @ v)", gather),
+                        raw={"O": ([p[2] for p in local], "your heads' outputs (probs @ v)",
+                                   gather),
                              "QKV": ([p[3] for p in local], "your q, k and v", gather),
                              "X": ([x], "X", "X is the same on every rank: nothing to send")},
                         hint=G_HINT),
