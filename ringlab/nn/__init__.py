@@ -24,6 +24,7 @@ the tanh approximation (GPT-2's); parameters are ordered by module registration
 from .module import Module, Sequential, count_params, param_bytes
 from .linear import Linear
 from .activations import GeLU
+from .dropout import Dropout
 from .layernorm import LayerNorm
 from .embedding import Embedding
 from .attention import CausalSelfAttention
@@ -35,7 +36,7 @@ from .flat import FlatBuffer, flatten
 from . import data
 
 __all__ = [
-    "Module", "Sequential", "Linear", "GeLU", "LayerNorm", "Embedding", "CausalSelfAttention",
-    "MLP", "TransformerBlock", "GPT", "mlp_model", "cross_entropy", "mse", "SGD", "Adam",
+    "Module", "Sequential", "Linear", "GeLU", "Dropout", "LayerNorm", "Embedding",
+    "CausalSelfAttention", "MLP", "TransformerBlock", "GPT", "mlp_model", "cross_entropy", "mse", "SGD", "Adam",
     "FlatBuffer", "flatten", "count_params", "param_bytes", "data",
 ]

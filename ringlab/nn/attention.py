@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from .dropout import Dropout
 from .linear import Linear
 from .module import Module
 
@@ -37,15 +38,20 @@ def softmax(x):
 
 
 class CausalSelfAttention(Module):
-    """Input and output (batch, time, dim); position t sees only positions <= t."""
+    """Input and output (batch, time, dim); position t sees only positions <= t.
 
-    def __init__(self, dim, n_heads, rng, dtype=np.float64):
+    ``dropout=p`` drops attention probabilities (mask stream seeded with ``seed``);
+    the default 0 is off, and then nothing is drawn or stored for it.
+    """
+
+    def __init__(self, dim, n_heads, rng, dtype=np.float64, dropout=0.0, seed=0):
         super().__init__()
         if dim % n_heads:
             raise ValueError(f"dim={dim} is not a multiple of n_heads={n_heads}")
         self.n_heads, self.head_dim = n_heads, dim // n_heads
         self.qkv = Linear(dim, 3 * dim, rng, dtype=dtype)
         self.proj = Linear(dim, dim, rng, dtype=dtype)
+        self.drop = Dropout(dropout, seed)
 
     def split_heads(self, qkv):
         """(B, T, 3*H*hd) -> q, k, v, each (B, H, T, hd)."""
@@ -60,7 +66,9 @@ class CausalSelfAttention(Module):
         scores = q @ k.swapaxes(-1, -2) / math.sqrt(hd)         # (B, H, T, T)
         future = np.triu(np.ones((T, T), dtype=bool), k=1)      # key after query
         self.probs = softmax(np.where(future, -np.inf, scores))  # exp(-inf) = 0
-        out = self.probs @ v                                    # (B, H, T, hd)
+        # Backward needs both the probabilities (softmax) and the dropped ones (@ v).
+        self.dropped = self.drop.forward(self.probs) if self.drop.p else self.probs
+        out = self.dropped @ v                                  # (B, H, T, hd)
         # Merge heads back: (B, T, H*hd), head h in column block h, as in qkv.
         return self.proj.forward(out.transpose(0, 2, 1, 3).reshape(B, T, H * hd))
 
@@ -68,8 +76,8 @@ class CausalSelfAttention(Module):
         q, k, v, p = self.q, self.k, self.v, self.probs
         B, H, T, hd = q.shape
         dout = self.proj.backward(dy).reshape(B, T, H, hd).transpose(0, 2, 1, 3)
-        dv = p.swapaxes(-1, -2) @ dout
-        dp = dout @ v.swapaxes(-1, -2)
+        dv = self.dropped.swapaxes(-1, -2) @ dout
+        dp = self.drop.backward(dout @ v.swapaxes(-1, -2))
         # Softmax backward: ds = p * (dp - sum_j p_j dp_j). Masked entries have
         # p = 0, so they get no gradient without looking at the mask again.
         ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True)) / math.sqrt(hd)

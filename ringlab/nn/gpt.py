@@ -17,6 +17,7 @@
 import numpy as np
 
 from .attention import CausalSelfAttention
+from .dropout import Dropout
 from .embedding import Embedding
 from .layernorm import LayerNorm
 from .linear import Linear
@@ -25,23 +26,33 @@ from .module import Module, Sequential
 
 
 class TransformerBlock(Module):
-    """Pre-LN block (GPT-2): x + attn(ln1(x)), then x + mlp(ln2(x))."""
+    """Pre-LN block (GPT-2): x + attn(ln1(x)), then x + mlp(ln2(x)).
 
-    def __init__(self, dim, n_heads, hidden, rng, approximate="tanh", dtype=np.float64):
+    ``dropout=p`` (default 0: off) drops the attention probabilities and the
+    outputs of attention and MLP before each residual add, as GPT-2 and
+    Megatron do; the three mask streams are seeded ``(seed, 0)``, ``(seed, 1)``
+    and ``(seed, 2)``.
+    """
+
+    def __init__(self, dim, n_heads, hidden, rng, approximate="tanh", dtype=np.float64,
+                 dropout=0.0, seed=0):
         super().__init__()
         self.ln1 = LayerNorm(dim, dtype=dtype)
-        self.attn = CausalSelfAttention(dim, n_heads, rng, dtype=dtype)
+        self.attn = CausalSelfAttention(dim, n_heads, rng, dtype=dtype, dropout=dropout,
+                                        seed=(seed, 0))
+        self.drop1 = Dropout(dropout, (seed, 1))
         self.ln2 = LayerNorm(dim, dtype=dtype)
         self.mlp = MLP(dim, hidden, rng, approximate, dtype=dtype)
+        self.drop2 = Dropout(dropout, (seed, 2))
 
     def forward(self, x):
-        x = x + self.attn.forward(self.ln1.forward(x))
-        return x + self.mlp.forward(self.ln2.forward(x))
+        x = x + self.drop1.forward(self.attn.forward(self.ln1.forward(x)))
+        return x + self.drop2.forward(self.mlp.forward(self.ln2.forward(x)))
 
     def backward(self, dy):
         # A residual x + f(x) passes dy straight through and adds f's gradient.
-        dy = dy + self.ln2.backward(self.mlp.backward(dy))
-        return dy + self.ln1.backward(self.attn.backward(dy))
+        dy = dy + self.ln2.backward(self.mlp.backward(self.drop2.backward(dy)))
+        return dy + self.ln1.backward(self.attn.backward(self.drop1.backward(dy)))
 
     def flops(self, x_shape):
         return self.attn.flops(x_shape) + self.mlp.flops(x_shape)

@@ -26,7 +26,9 @@ its q.k dot product), and Megatron gives every rank the same number.
 import numpy as np
 
 from ..nn import CausalSelfAttention, Module
+from .dropout import ShardedDropout
 from .layers import ColumnParallelLinear, RowParallelLinear
+from .sequence import SequenceParallelColumnLinear, SequenceParallelRowLinear
 
 
 class ParallelAttention(CausalSelfAttention):
@@ -37,16 +39,21 @@ class ParallelAttention(CausalSelfAttention):
     ``ColumnParallelLinear`` holding only my heads' columns and a
     ``RowParallelLinear`` holding their rows of ``proj``, the same lines
     compute my heads, and the two layers' f and g do the communication.
+
+    ``sequence_parallel=True``: input and output are sequence shards
+    (b, s/t, h), and g / g-bar of ``sequence`` replace f / g (see there,
+    also for ``store_input_shard``). Attention dropout, if the layer has it,
+    drops my heads' probabilities with the unsharded layer's mask.
     """
 
-    def __init__(self, comm, heads, head_dim, qkv, proj):
+    def __init__(self, comm, heads, head_dim, qkv, proj, drop):
         Module.__init__(self)           # not CausalSelfAttention's: it would draw new weights
         self.comm, self.heads = comm, heads
         self.n_heads, self.head_dim = len(heads), head_dim
-        self.qkv, self.proj = qkv, proj
+        self.qkv, self.proj, self.drop = qkv, proj, drop
 
     @classmethod
-    def from_attention(cls, attn, comm):
+    def from_attention(cls, attn, comm, *, sequence_parallel=False, store_input_shard=True):
         H, hd, t = attn.n_heads, attn.head_dim, comm.world_size
         if H % t:
             raise ValueError(f"tensor-parallel degree {t} does not divide the number of heads "
@@ -57,10 +64,17 @@ class ParallelAttention(CausalSelfAttention):
         dim = H * hd
         # qkv's columns are [q | k | v]: my block of each, so the local output is
         # again [my q | my k | my v], the layout split_heads expects.
-        qkv = ColumnParallelLinear.from_linear(
-            attn.qkv, comm, columns=np.concatenate([part * dim + mine for part in range(3)]))
-        proj = RowParallelLinear.from_linear(attn.proj, comm, rows=mine)
-        return cls(comm, heads, hd, qkv, proj)
+        columns = np.concatenate([part * dim + mine for part in range(3)])
+        if sequence_parallel:
+            qkv = SequenceParallelColumnLinear.from_linear(
+                attn.qkv, comm, columns=columns, store_input_shard=store_input_shard)
+            proj = SequenceParallelRowLinear.from_linear(attn.proj, comm, rows=mine)
+        else:
+            qkv = ColumnParallelLinear.from_linear(attn.qkv, comm, columns=columns)
+            proj = RowParallelLinear.from_linear(attn.proj, comm, rows=mine)
+        # probs are (b, heads, s, s): my heads are block `rank` of axis 1.
+        drop = ShardedDropout.from_dropout(attn.drop, comm, axis=1)
+        return cls(comm, heads, hd, qkv, proj, drop)
 
     def forward(self, x):
         with self.comm.span("tp.attention.forward"):

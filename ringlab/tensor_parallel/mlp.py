@@ -26,12 +26,15 @@ in proj) and one backward (f, in fc), each of a b*s*h activation.
 
 from ..nn import GeLU, Module
 from .layers import ColumnParallelLinear, RowParallelLinear
+from .sequence import SequenceParallelColumnLinear, SequenceParallelRowLinear
 
 
 class ParallelMLP(Module):
     """This rank's part of an ``MLP``: hidden units ``fc.columns`` (= ``proj.rows``).
 
     Parameter names are those of ``ringlab.nn.MLP`` (``fc.weight``, ...), holding shards.
+    ``sequence_parallel=True``: input and output are sequence shards (b, s/t, h);
+    see ``sequence``.
     """
 
     def __init__(self, comm, fc, act, proj):
@@ -39,10 +42,15 @@ class ParallelMLP(Module):
         self.comm, self.fc, self.act, self.proj = comm, fc, act, proj
 
     @classmethod
-    def from_mlp(cls, mlp, comm):
-        fc = ColumnParallelLinear.from_linear(mlp.fc, comm)
+    def from_mlp(cls, mlp, comm, *, sequence_parallel=False, store_input_shard=True):
+        if sequence_parallel:
+            fc = SequenceParallelColumnLinear.from_linear(mlp.fc, comm,
+                                                          store_input_shard=store_input_shard)
+            row = SequenceParallelRowLinear
+        else:
+            fc, row = ColumnParallelLinear.from_linear(mlp.fc, comm), RowParallelLinear
         # proj's rows must be the hidden units fc computes here: the same indices.
-        proj = RowParallelLinear.from_linear(mlp.proj, comm, rows=fc.columns)
+        proj = row.from_linear(mlp.proj, comm, rows=fc.columns)
         return cls(comm, fc, GeLU(mlp.act.approximate), proj)
 
     def forward(self, x):
@@ -50,6 +58,7 @@ class ParallelMLP(Module):
             h = self.fc.forward(x)           # (b, s, hidden/t): my hidden units, no communication
             h = self.act.forward(h)          # local: complete entries, so GeLU applies exactly
             return self.proj.forward(h)      # partial sums of Y -> the one AllReduce (g)
+                                             # (with SP: g-bar's ReduceScatter)
 
     def backward(self, dy):
         with self.comm.span("tp.mlp.backward"):
