@@ -291,7 +291,7 @@ MLP_WRONG = [
     (mlp(bias_where="every"), "y equals", ["bias was added on every rank before the AllReduce"]),
     (mlp_gelu_before_reduce, "y equals", ["GeLU applied to partial sums before the reduce"]),
     (mlp(swapped=True), "y equals", ["f and g swapped"]),
-    (mlp(lambda c, a: flat_ring(c, flat_ring(c, a)), fwd_ar=flat_ring), "dx equals", ["all-reduced twice"]),
+    (mlp(lambda c, a: flat_ring(c, flat_ring(c, a)), fwd_ar=flat_ring), "dx equals", ["dX all-reduced twice", "f)"]),
     (mlp(twice_then_divide, fwd_ar=flat_ring), "backward communication", ["twice"]),
     (mlp(approximate="none"), "y equals", ["exact (erf) GeLU"]),
     (mlp(strided=True), 'grads["fc.weight"] equals', ["every t-th hidden unit"]),

@@ -139,8 +139,10 @@ def group(w, rng, dims, t):
                 "f and g swapped?",
                 "f: identity forward, AllReduce of dX backward; g: AllReduce of Y forward, "
                 "identity backward."),
-        Mistake({"y": [t * total + c] * t, "dx": [t * dx] * t},
-                "all-reduced twice: the result is t times the sum", G_HINT),
+        Mistake({"y": [t * total + c] * t},
+                "Y all-reduced twice: the result is t times the sum", G_HINT),
+        Mistake({"dx": [t * dx] * t},
+                "dX all-reduced twice: the result is t times the sum", F_HINT),
         Mistake({"y": [sum(_forward(x, A[:, k], a[k], B[k], "none")[3] for k in hid) + c] * t},
                 "you used the exact (erf) GeLU; the exercise uses the tanh approximation",
                 "Use ringlab.nn.GeLU() (approximate='tanh'), as ringlab.nn.MLP does."),
