@@ -29,6 +29,10 @@ GRADERS = {
     "sync_sgd_step": "exercises.data_parallel.sync_sgd_step",
     "bucketed_grad_sync": "exercises.data_parallel.bucketed_grad_sync",
     "async_ps": "exercises.data_parallel.async_ps",
+    "column_parallel_linear": "exercises.tensor_parallel.column_parallel_linear",
+    "row_parallel_linear": "exercises.tensor_parallel.row_parallel_linear",
+    "megatron_mlp": "exercises.tensor_parallel.megatron_mlp",
+    "tp_attention": "exercises.tensor_parallel.tp_attention",
 }
 
 

@@ -115,7 +115,8 @@ def _no_reference(banned):
     threads of ``comm.start`` works."""
     files = set()
     for name in banned:
-        for mod in list(sys.modules.values()) + [importlib.import_module(name)]:
+        importlib.import_module(name)   # first: a package imports its modules, which count too
+        for mod in list(sys.modules.values()):
             if getattr(mod, "__name__", "").startswith(name) and getattr(mod, "__file__", None):
                 files.add(mod.__file__)
     if not files:

@@ -41,8 +41,11 @@ FIELDS = ("notebook", "exercise", "result", "cases_passed", "cases_total", "fail
 # grader names in ``ALLOWED_REFERENCES`` (Part 2's exercises build on Part 1's
 # collectives: ("collectives",)). In data_parallel, the modules that hold the
 # reference answers are banned; helpers such as ps_task are not.
-REFERENCE = re.compile(r"^ringlab\.(collectives|grading|data_parallel\.(?:async_ps|sync_sgd|buckets))\b"
-                       r"|/ringlab/(collectives|grading|data_parallel/(?:async_ps|sync_sgd|buckets))")
+# Part 3's reference answers are all of ringlab.tensor_parallel (its layers are the exercises).
+REFERENCE = re.compile(r"^ringlab\.(collectives|grading|tensor_parallel"
+                       r"|data_parallel\.(?:async_ps|sync_sgd|buckets))\b"
+                       r"|/ringlab/(collectives|grading|tensor_parallel"
+                       r"|data_parallel/(?:async_ps|sync_sgd|buckets))")
 MAX_SUBMISSION = 50 * 2**20
 
 # The cell the grader adds at the end of the notebook. It runs in the learner's
@@ -222,7 +225,8 @@ def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, s
 REFERENCE_MODULES = {"collectives": "ringlab.collectives",
                      "data_parallel/async_ps": "ringlab.data_parallel.async_ps",
                      "data_parallel/sync_sgd": "ringlab.data_parallel.sync_sgd",
-                     "data_parallel/buckets": "ringlab.data_parallel.buckets"}
+                     "data_parallel/buckets": "ringlab.data_parallel.buckets",
+                     "tensor_parallel": "ringlab.tensor_parallel"}
 
 
 def banned_modules(exercise):

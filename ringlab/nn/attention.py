@@ -44,6 +44,10 @@ class CausalSelfAttention(Module):
     the default 0 is off, and then nothing is drawn or stored for it.
     """
 
+    # Off unless __init__ sets one: a layer assembled from shards without
+    # __init__ (as tensor-parallel code may do) still runs.
+    drop = Dropout(0.0, seed=0)
+
     def __init__(self, dim, n_heads, rng, dtype=np.float64, dropout=0.0, seed=0):
         super().__init__()
         if dim % n_heads:

@@ -1,0 +1,490 @@
+"""What the four tensor-parallel graders share: cases, driver, value and message checks.
+
+A grader module describes its layer (see ``column_parallel_linear.py``):
+``spec(rng, dims, t)`` draws the weights, and ``group(weights, rng, dims, t)``
+one tensor-parallel group's input and output gradient and returns an
+``Expected``: each rank's inputs, the outputs the unsharded ``ringlab.nn``
+layer gives for that rank's block, what each pass may communicate (``Pass``)
+and the usual mistakes as formulas (``Mistake``).
+
+The checks, in order, on every case:
+
+1. it runs: no exception, deadlock or unreceived message;
+2. forward returns ``(y, backward)`` and backward ``(dx, grads)`` with every
+   gradient named, and every array has its shape;
+3. ``y``, ``dx`` and every gradient equal the unsharded layer's, per rank's
+   block, to relative error 1e-10; a wrong value is matched against the
+   mistakes' formulas to say which one it is;
+4. the messages of each pass (the driver wraps forward and backward in spans
+   of its own): they stay in the tensor-parallel group, and each one is read
+   element by element (recorded payloads). An element must be a partial sum,
+   over some set of the group's ranks, of the pass's AllReduce operand (rank
+   r's partial product): that is what any AllReduce algorithm sends. The
+   grader also knows the data a program could ship instead (shards of X, of
+   dY, of the weights, hidden activations) and names them when a message
+   holds them: an AllGather of the inputs gives right values with the wrong
+   communication. Finally the volume: one bandwidth-optimal AllReduce of N
+   elements on t ranks moves 2(t-1) N elements in the group (a ring, a tree,
+   reduce-then-broadcast); twice that is two AllReduces.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...report import Case, Failure, numbers, plain_array, run_case
+from ..data_parallel import callable_learner
+from ....errors import RankError
+
+TOL = 1e-10
+FORWARD, BACKWARD = "tp-grader.forward", "tp-grader.backward"
+PASSES = {"forward": FORWARD, "backward": BACKWARD}
+
+
+@dataclass
+class Pass:
+    """What one pass (forward or backward) of one group may send.
+
+    ``allreduces``: 0 or 1. ``alternatives``: lists of the t ranks' operands
+    (same shape) whose AllReduce is right (several: e.g. the bias added on rank
+    0 only before the sum is as right as after it). ``raw``: label -> (the t
+    ranks' arrays, words for a message that holds them, hint)."""
+
+    allreduces: int
+    operand: str = ""
+    alternatives: list = field(default_factory=list)
+    raw: dict = field(default_factory=dict)
+    hint: str = ""
+
+
+@dataclass
+class Mistake:
+    """A usual mistake: the values it gives (output key -> the t ranks' arrays)."""
+
+    outputs: dict
+    what: str
+    hint: str
+
+
+@dataclass
+class Expected:
+    """One tensor-parallel group: inputs and expected outputs per rank (dicts in
+    order y, dx, gradients), the passes, the mistakes; or, with ``error``, the
+    exception every rank must raise: (type, [words its message must hold], why)."""
+
+    inputs: list
+    outputs: list = field(default_factory=list)
+    passes: dict = field(default_factory=dict)
+    mistakes: list = field(default_factory=list)
+    error: tuple | None = None
+
+
+# ------------------------------------------------------------------------ cases
+
+def make_cases(rng, layer, shapes):
+    """Cases for ``layer`` (a grader module): ``shapes`` is a list of
+    (t, mesh, dims), mesh None (the world is the tp group) or (dp, t): the tp
+    groups of a DeviceMesh, each with its own data (its rank numbers are then
+    group-local). Every rank gets its own copies of the arrays."""
+    for t, mesh, dims in shapes:
+        dp = 1 if mesh is None else mesh[0]
+        weights = layer.weights(rng, dims)
+        groups = [layer.group(weights, rng, dims, t) for _ in range(dp)]
+        inputs = [_copy(groups[d].inputs[r]) for d in range(dp) for r in range(t)]
+        where = "the world" if mesh is None else f"the tp groups of a {dp}x{t} DeviceMesh (dp x tp)"
+        yield Case(dp * t, inputs, f"t={t} ({where}), {layer.describe(dims)}",
+                   args=(None if mesh is None else tuple(mesh), tuple(layer.GRADS)),
+                   info=dict(t=t, mesh=mesh, groups=groups, dims=dims))
+
+
+def _copy(value):
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, (list, tuple)):
+        return [_copy(v) for v in value]
+    return value
+
+
+def block(n, t, r):
+    """Rank r's equal contiguous block of range(n)."""
+    return np.arange(r * n // t, (r + 1) * n // t)
+
+
+# ----------------------------------------------------------------------- driver
+
+def drive(comm, inp, mesh, grad_names, learner):
+    """What every rank runs: forward (in the grader's span), then backward.
+
+    Returns [status, y, dx, grads in ``grad_names`` order]; status is an empty
+    array, or a message (uint8 bytes) when the program returned the wrong kind
+    of thing, so that the grader can say so without a traceback of this code."""
+    from ....mesh import DeviceMesh
+    learner = callable_learner(learner)
+    tp = comm if mesh is None else DeviceMesh(comm, mesh, ("dp", "tp")).group("tp")
+    args, dy = inp
+    with comm.span(FORWARD):
+        out = learner(tp, *args)
+    if not (isinstance(out, tuple) and len(out) == 2 and callable(out[1])):
+        return _problem(f"the function returned {_kind(out)}; it must return a tuple "
+                        f"(y, backward), backward a function of dy")
+    y = out[0].copy() if type(out[0]) is np.ndarray else out[0]   # backward may reuse y's memory
+    with comm.span(BACKWARD):
+        back = out[1](dy)
+    if not (isinstance(back, tuple) and len(back) == 2 and isinstance(back[1], dict)):
+        return _problem(f"backward(dy) returned {_kind(back)}; it must return a tuple "
+                        f"(dx, grads), grads a dict {{name: gradient}}")
+    grads = back[1]
+    missing = [n for n in grad_names if n not in grads]
+    extra = [str(n) for n in grads if n not in grad_names]
+    if missing or extra:
+        return _problem(f"backward's grads has the keys {sorted(map(str, grads))}; they must be "
+                        f"{list(grad_names)}, named as in ringlab.nn")
+    values = [y, back[0]] + [grads[n] for n in grad_names]
+    for name, v in zip(["y", "dx"] + [f"grads[{n!r}]" for n in grad_names], values):
+        if not isinstance(v, np.ndarray):
+            return _problem(f"{name} is {_kind(v)}, not a numpy array")
+    return [np.zeros(0)] + values
+
+
+def _problem(text):
+    return [np.frombuffer(text.encode()[:2000], dtype=np.uint8).copy()]
+
+
+def _kind(value):
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+# ------------------------------------------------------------------------ check
+
+def check(program, case, backend, layer):
+    run = functools.partial(drive, learner=program)
+    result, failure = run_case(run, case, backend)
+    want_error = case.info["groups"][0].error
+    if failure:
+        if want_error is not None and _raised(failure, want_error):
+            return None
+        failure.got = _without_our_frames(failure.got)
+        return failure
+    if want_error is not None:
+        kind, words, why = want_error
+        return Failure(case.label, f"raises {kind.__name__} when {why}",
+                       f"the program ran without raising {kind.__name__}",
+                       expected=f"{kind.__name__} on every rank, its message naming "
+                                f"{' and '.join(words)}",
+                       got="no error", hint=layer.ERROR_HINT)
+    return (_returned(result, case, layer) or _values(result, case, layer)
+            or _messages(result, case, layer))
+
+
+def _raised(failure, want):
+    kind, words, _ = want
+    err = failure.error
+    if not (isinstance(err, RankError) and isinstance(err.exc, kind)):
+        return False
+    text = str(err.exc)
+    return all(re.search(rf"(?<!\d){re.escape(w)}(?!\d)", text) for w in words)
+
+
+def _without_our_frames(text):
+    """A traceback without this driver's frames: the learner's code is theirs to read, ours not."""
+    if not text:
+        return text
+    out, skip = [], False
+    for line in str(text).splitlines(keepends=True):
+        if line.startswith('  File "'):
+            skip = "grading/exercises/tensor_parallel/" in line.replace("\\", "/")
+        elif not line.startswith("    "):
+            skip = False
+        if not skip:
+            out.append(line)
+    return "".join(out)
+
+
+def who(case, g):
+    t, mesh = case.info["t"], case.info["mesh"]
+    if mesh is None:
+        return f"rank {g}"
+    return f"rank {g} (rank {g % t} of its tp group, tp[{g // t}])"
+
+
+def _returned(result, case, layer):
+    t = case.info["t"]
+    for g, out in enumerate(result.outputs):
+        if not (isinstance(out, (list, tuple)) and out and isinstance(out[0], np.ndarray)):
+            return Failure(case.label, "returns (y, backward); backward returns (dx, grads)",
+                           f"{who(case, g)} returned nothing the grader can read",
+                           hint="Return (y, backward) from the function, (dx, grads) from "
+                                "backward.")
+        if out[0].size:
+            text = out[0].tobytes().decode(errors="replace")
+            return Failure(case.label, "returns (y, backward); backward returns (dx, grads)",
+                           f"{who(case, g)}: {text}", expected=layer.RETURNS,
+                           hint="Follow the signature in the exercise's first cell.")
+        want = case.info["groups"][g // t].outputs[g % t]
+        for (key, w), v in zip(want.items(), out[1:]):
+            name = _name(key)
+            failure = plain_array(case, f"{who(case, g)}'s {name}", v,
+                                  f"an array of shape {w.shape}")
+            if failure:
+                return failure
+            if v.shape != w.shape:
+                return Failure(case.label, "every output has its shape",
+                               f"{who(case, g)}: {name} has shape {v.shape}",
+                               expected=f"shape {w.shape}: {layer.SHAPES[key]}",
+                               got=f"shape {v.shape}", hint=layer.SHAPE_HINT)
+    return None
+
+
+def _name(key):
+    return key if key in ("y", "dx") else f'grads["{key}"]'
+
+
+def rel_error(got, want):
+    scale = np.abs(want).max(initial=0.0)
+    diff = np.abs(got - want).max(initial=0.0)
+    return diff / scale if scale > 0 else diff
+
+
+def close(got, want):
+    return (got.shape == want.shape and bool(np.all(np.isfinite(got)))
+            and rel_error(got, want) <= TOL)
+
+
+def _values(result, case, layer):
+    t = case.info["t"]
+    keys = list(case.info["groups"][0].outputs[0])
+    for i, key in enumerate(keys):
+        for g, out in enumerate(result.outputs):
+            d, r = divmod(g, t)
+            ex = case.info["groups"][d]
+            got, want = out[1 + i], ex.outputs[r][key]
+            if close(got, want):
+                continue
+            what, hint = _diagnose(ex, key, r, got, want, t, layer)
+            return Failure(
+                case.label, f"{_name(key)} equals the unsharded layer's",
+                f"{who(case, g)}: {_name(key)} differs from the unsharded ringlab.nn layer's "
+                f"{layer.BLOCKS[key]} (relative error {rel_error(got, want):.2g}, "
+                f"tolerance {TOL:g})"
+                + (f":\n{what}" if what else ""),
+                expected=numbers(want), got=numbers(got), hint=hint)
+    return None
+
+
+def _diagnose(ex, key, r, got, want, t, layer):
+    """(what, hint): the mistake whose formula gives exactly ``got``, else a relation."""
+    for m in ex.mistakes:
+        if key in m.outputs and close(got, m.outputs[key][r]):
+            return m.what, m.hint
+    if t > 1 and close(got, t * want):
+        return (f"it is t = {t} times the right value: summed over the ranks where it was "
+                f"already whole (reduced twice?)", layer.HINTS.get(key))
+    if t > 1 and close(got, want / t):
+        return f"it is the right value divided by t = {t}", layer.HINTS.get(key)
+    if not np.any(got):
+        return "it is all zeros", layer.HINTS.get(key)
+    for q, other in enumerate(ex.outputs):
+        if q != r and close(got, other[key]):
+            return (f"it is rank {q}'s block, not this rank's: rank r owns block r",
+                    layer.HINTS.get(key))
+    return "", layer.HINTS.get(key)
+
+
+# --------------------------------------------------------------------- messages
+
+SUM, RAW, RESUM = 0, 1, 2      # what an element of a message is (lower: preferred match)
+
+
+class _Lookup:
+    """Every value a message of one pass may hold, sorted, to read payloads element by element."""
+
+    def __init__(self, p, t):
+        vals, kinds, info = [], [], []
+
+        def add(arr, kind, what):
+            a = np.asarray(arr, dtype=np.float64).ravel()
+            vals.append(a)
+            kinds.append(np.full(a.size, kind))
+            info.extend([what] * a.size)
+
+        for alt in p.alternatives:
+            for mask in range(1, 2 ** t):
+                members = tuple(r for r in range(t) if mask >> r & 1)
+                add(sum(alt[r] for r in members), SUM, members)
+            total = sum(alt)
+            for k in range(2, t + 1):     # sums of an already reduced value: a second AllReduce
+                add(k * total, RESUM, k)
+        for label, (arrays, _, _) in p.raw.items():
+            for r, a in enumerate(arrays):
+                add(a, RAW, (label, r))
+        self.vals = np.concatenate(vals) if vals else np.zeros(0)
+        self.kinds = np.concatenate(kinds) if kinds else np.zeros(0, int)
+        self.info = info
+        self.order = np.argsort(self.vals, kind="stable")
+        self.sorted = self.vals[self.order]
+        scale = np.abs(self.vals).max(initial=0.0)
+        self.tol = 1e-11 * scale if scale > 0 else 1e-300
+
+    def read(self, payload):
+        """For each element: (kind, info) of the best match, or None."""
+        v = np.asarray(payload, dtype=np.float64).ravel()
+        lo = np.searchsorted(self.sorted, v - self.tol, "left")
+        hi = np.searchsorted(self.sorted, v + self.tol, "right")
+        out = []
+        for a, b in zip(lo, hi):
+            if a >= b:
+                out.append(None)
+                continue
+            idx = self.order[a:b]
+            best = idx[np.argmin(self.kinds[idx])]
+            out.append((int(self.kinds[best]), self.info[best]))
+        return out
+
+
+def _pass_of(event):
+    top = event.span.split("/")[0]
+    return next((name for name, span in PASSES.items() if top == span), None)
+
+
+def _messages(result, case, layer):
+    t, mesh = case.info["t"], case.info["mesh"]
+    for e in result.trace:
+        if _pass_of(e) is None:
+            return Failure(case.label, "messages only in forward and backward",
+                           f"rank {e.src} sent rank {e.dst} a message outside the layer's forward "
+                           f"and backward (span {e.span!r})",
+                           hint="Communicate only inside the function and inside backward.")
+    for d, ex in enumerate(case.info["groups"]):
+        members = list(range(d * t, (d + 1) * t))
+        label = None if mesh is None else f"tp[{d}]"
+        for pname, p in ex.passes.items():
+            events = [e for e in result.trace if e.src in members and _pass_of(e) == pname]
+            failure = (_group(events, case, label, members) or
+                       _pass(result, case, events, pname, p, t, layer))
+            if failure:
+                return failure
+    return None
+
+
+def _group(events, case, label, members):
+    for e in events:
+        if e.group != label or e.dst not in members:
+            return Failure(case.label, "messages stay in the tensor-parallel group",
+                           f"{who(case, e.src)} sent {who(case, e.dst)} a message in group "
+                           f"{e.group or 'the world'}",
+                           expected=f"every message of the layer in comm, the tp group "
+                                    f"({label or 'the world'}: ranks {members[0]}-{members[-1]})",
+                           got=e.describe(),
+                           hint="Use only the comm you are given: it is the tensor-parallel group "
+                                "(ranks are numbered 0..t-1 in it).")
+    return None
+
+
+def _pass(result, case, events, pname, p, t, layer):
+    got_bytes = sum(e.nbytes for e in events)
+    if p.allreduces == 0 and events:
+        e = events[0]
+        carried = _describe(result, e, p, t)
+        return Failure(case.label, f"{pname} communication",
+                       f"your {pname} sends {len(events)} message(s), {got_bytes} bytes in all; "
+                       f"{layer.NO_COMM[pname]}",
+                       expected="no message in " + pname,
+                       got=f"first: rank {e.src} -> rank {e.dst}, {e.nbytes // 8} elements"
+                           + (f": {carried}" if carried else ""),
+                       hint=p.hint)
+    if p.allreduces == 0:
+        return None
+    lookup = _Lookup(p, t)
+    n = p.alternatives[0][0].size
+    want_bytes = 2 * (t - 1) * n * 8
+    for e in events:
+        pay = result.payload(e) if result.payloads is not None else None
+        if pay is None:
+            continue
+        if not (type(pay) is np.ndarray and pay.dtype == np.float64):
+            return _not_operand(case, pname, p, e, pay, f"an array of dtype "
+                                f"{getattr(pay, 'dtype', type(pay).__name__)}")
+        read = lookup.read(pay)
+        if any(x is None for x in read):
+            bad = pay.ravel()[[i for i, x in enumerate(read) if x is None]]
+            held = "zeros" if not np.any(bad) else f"{bad.size} value(s) that are not"
+            return _not_operand(case, pname, p, e, pay, held)
+        raw = next((x[1] for x in read if x[0] == RAW), None)
+        if raw is not None:
+            arrays, words, hint = p.raw[raw[0]]
+            per = arrays[raw[1]].size
+            return Failure(case.label, f"{pname} communication",
+                           f"your {pname} sends {words} (rank {e.src} -> rank {e.dst}, {pay.size} "
+                           f"of rank {raw[1]}'s {per} elements): {hint}",
+                           expected=f"one AllReduce of {p.operand}: {want_bytes} bytes in the "
+                                    f"group, partial sums of it and nothing else",
+                           got=f"{got_bytes} bytes, {len(events)} message(s); this one holds "
+                               f"{numbers(pay)}",
+                           hint=p.hint)
+        if any(x[0] == RESUM for x in read):
+            return Failure(case.label, f"{pname} communication",
+                           f"your {pname} all-reduces {p.operand} twice: rank {e.src}'s message "
+                           f"to rank {e.dst} sums values that are already the total over the "
+                           f"{t} ranks",
+                           expected=f"one AllReduce: {want_bytes} bytes in the group",
+                           got=f"{got_bytes} bytes", hint=p.hint)
+    if got_bytes != want_bytes:
+        times = got_bytes / want_bytes if want_bytes else float("inf")
+        if got_bytes == 0:
+            what = f"your {pname} has no AllReduce of {p.operand}"
+        elif times == int(times):
+            what = (f"your {pname} moves {int(times)}x the bytes of one AllReduce of "
+                    f"{p.operand}: {int(times)} AllReduces of it?")
+        elif times > 1:
+            what = (f"your {pname} moves {times:.3g}x the bytes of one bandwidth-optimal "
+                    f"AllReduce of {p.operand} (every rank sending its whole part to every "
+                    f"other rank?)")
+        else:
+            what = (f"your {pname} moves only {times:.3g}x the bytes of one AllReduce of "
+                    f"{p.operand}: part of it (a ReduceScatter without its AllGather?)")
+        return Failure(case.label, f"{pname} communication", what,
+                       expected=f"{want_bytes} bytes in the group: one AllReduce of {n} elements "
+                                f"on t = {t} ranks moves 2(t-1) x {n} x 8 bytes (ring_allreduce)",
+                       got=f"{got_bytes} bytes in {len(events)} message(s)", hint=p.hint)
+    return None
+
+
+def _describe(result, e, p, t):
+    """Words for what a message holds, when it holds known data; else ''."""
+    pay = result.payload(e) if result.payloads is not None else None
+    if not (type(pay) is np.ndarray and pay.dtype == np.float64 and pay.size):
+        return ""
+    read = _Lookup(p, t).read(pay)
+    if all(x is not None and x[0] == RAW for x in read):
+        return p.raw[read[0][1][0]][1]
+    return ""
+
+
+def _not_operand(case, pname, p, e, pay, held):
+    return Failure(case.label, f"{pname} communication",
+                   f"in your {pname}, rank {e.src} sent rank {e.dst} {held}"
+                   + ("" if held == "zeros" or held.startswith("an array") else
+                      f" {p.operand}, nor a partial sum of it over some of the ranks"),
+                   expected=f"pieces of {p.operand}, summed over some of the ranks, as float64 "
+                            f"(what every AllReduce algorithm sends)",
+                   got=numbers(pay) if isinstance(pay, np.ndarray) else repr(pay)[:100],
+                   hint=p.hint + " The grader reads every message: zeros or stand-ins sent for "
+                                 "show, with the data shared some other way, do not pass.")
+
+
+def columns_of(got, full, axis=-1):
+    """Which slices of ``full`` along ``axis`` the slices of ``got`` are, or None."""
+    got, full = np.moveaxis(got, axis, 0), np.moveaxis(full, axis, 0)
+    found = []
+    for piece in got:
+        match = [j for j, f in enumerate(full) if f.shape == piece.shape and close(piece, f)]
+        if not match:
+            return None
+        found.append(match[0])
+    return found
