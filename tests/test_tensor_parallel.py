@@ -245,3 +245,18 @@ def test_tp_inside_dp_on_a_mesh():
     dp_events = [e for e in res.trace if e.span.startswith("dp.grad_sync")]
     assert {e.group for e in dp_events} == {"dp[0]", "dp[1]"}
     assert len(tp_events) + len(dp_events) == len(res.trace)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_sharded_flops_are_a_t_th_of_the_unsharded(t):
+    """Each rank does 1/t of the matmul FLOPs of the MLP and of attention (the
+    per-head scores and probs @ v included): tensor parallelism splits compute evenly."""
+    mlp, attn = MLP(8, 32, np.random.default_rng(0)), CausalSelfAttention(8, 4, np.random.default_rng(1))
+    shape = (B, S, 8)
+
+    def program(comm, _):
+        return (ParallelMLP.from_mlp(mlp, comm).flops(shape),
+                ParallelAttention.from_attention(attn, comm).flops(shape))
+
+    for f_mlp, f_attn in ringlab.run(program, [None] * t).outputs:
+        assert f_mlp * t == mlp.flops(shape) and f_attn * t == attn.flops(shape)

@@ -50,7 +50,27 @@ def my_block(n, comm, what):
     return np.arange(comm.rank * size, (comm.rank + 1) * size)
 
 
-class ColumnParallelLinear(Module):
+class _Shard(Module):
+    """What a shard shares with ``Linear``: its own (local) sizes and FLOPs, so
+    ``flops`` of a tensor-parallel MLP or attention is this rank's part."""
+
+    @property
+    def in_features(self):
+        return self.params["weight"].shape[0]
+
+    @property
+    def out_features(self):
+        return self.params["weight"].shape[1]
+
+    def flops(self, x_shape):
+        """The local matmul's FLOPs, 2 * rows * in * out of my shard."""
+        return 2 * int(np.prod(x_shape[:-1])) * self.in_features * self.out_features
+
+    def out_shape(self, x_shape):
+        return (*x_shape[:-1], self.out_features)
+
+
+class ColumnParallelLinear(_Shard):
     """Y_r = X @ W[:, columns] + b[columns]; input replicated, output sharded by columns.
 
     ``gather_output=True`` AllGathers the shards so every rank returns the
@@ -99,7 +119,7 @@ class ColumnParallelLinear(Module):
         return self.f.backward(dy @ self.params["weight"].T)
 
 
-class RowParallelLinear(Module):
+class RowParallelLinear(_Shard):
     """Y = sum_r X_r @ W[rows_r, :] + b; input sharded by columns, output replicated.
 
     Every rank holds the whole bias; its gradient comes out the same on every rank.

@@ -65,3 +65,7 @@ class ParallelMLP(Module):
             dh = self.proj.backward(dy)      # local: dY is replicated
             dh = self.act.backward(dh)
             return self.fc.backward(dh)      # partial dX -> the one AllReduce (f)
+
+    def flops(self, x_shape):
+        """My hidden units' matmuls: 1/t of the unsharded MLP's."""
+        return self.fc.flops(x_shape) + self.proj.flops(self.fc.out_shape(x_shape))
