@@ -109,6 +109,13 @@ def _copy(value):
     return value
 
 
+def with_bias(parts, bias, t):
+    """The operands of a right forward AllReduce: the partial products, or the bias
+    added before the sum on one rank (any one) or as bias/t on every rank."""
+    return ([parts] + [[p + bias if r == q else p for r, p in enumerate(parts)] for q in range(t)]
+            + [[p + bias / t for p in parts]])
+
+
 def block(n, t, r):
     """Rank r's equal contiguous block of range(n)."""
     return np.arange(r * n // t, (r + 1) * n // t)

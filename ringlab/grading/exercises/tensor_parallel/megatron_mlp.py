@@ -24,7 +24,7 @@ import sys
 import numpy as np
 
 from . import common
-from .common import Expected, Mistake, Pass, block
+from .common import Expected, Mistake, Pass, block, with_bias
 from ....nn import MLP, GeLU
 
 NAME = "megatron_mlp"
@@ -105,8 +105,7 @@ def group(w, rng, dims, t):
               "AllReduce (g)")
     passes = {
         "forward": Pass(1, f"the partial products GeLU(x A_r + a_r) B_r ({n} elements)",
-                        [parts, [p + (c if r == 0 else 0) for r, p in enumerate(parts)],
-                         [p + c / t for p in parts]],
+                        with_bias(parts, c, t),
                         raw={"H": (hs, "your hidden activations GeLU(x A_r + a_r)", gather),
                              "U": (us, "your hidden pre-activations x A_r + a_r", gather),
                              "X": ([x], "X", "X is the same on every rank: nothing to send")},

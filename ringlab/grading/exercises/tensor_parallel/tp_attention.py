@@ -26,7 +26,7 @@ import sys
 import numpy as np
 
 from . import common
-from .common import Expected, Mistake, Pass, block
+from .common import Expected, Mistake, Pass, block, with_bias
 from ....nn import CausalSelfAttention, Linear, Module
 
 NAME = "tp_attention"
@@ -126,8 +126,7 @@ def group(w, rng, dims, t):
               "heads; attention sums the heads' partial products with one AllReduce (g)")
     passes = {
         "forward": Pass(1, f"the partial products (your heads' outputs @ proj rows, {n} elements)",
-                        [parts, [p + (c if r == 0 else 0) for r, p in enumerate(parts)],
-                         [p + c / t for p in parts]],
+                        with_bias(parts, c, t),
                         raw={"O": ([p[2] for p in local], "your heads' outputs (probs @ v)",
                                    gather),
                              "QKV": ([p[3] for p in local], "your q, k and v", gather),
