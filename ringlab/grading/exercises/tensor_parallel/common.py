@@ -90,15 +90,33 @@ def make_cases(rng, layer, shapes):
     (t, mesh, dims), mesh None (the world is the tp group) or (dp, t): the tp
     groups of a DeviceMesh, each with its own data (its rank numbers are then
     group-local). Every rank gets its own copies of the arrays."""
-    for t, mesh, dims in shapes:
+    # Last, the first shape again with, on each rank, the weights outside its own block
+    # replaced by noise: a program that computes the whole layer on every rank (all the
+    # weights are there) and all-reduces only for show gives wrong values there.
+    for i, (t, mesh, dims) in enumerate([*shapes, shapes[0]]):
         dp = 1 if mesh is None else mesh[0]
         weights = layer.weights(rng, dims)
         groups = [layer.group(weights, rng, dims, t) for _ in range(dp)]
         inputs = [_copy(groups[d].inputs[r]) for d in range(dp) for r in range(t)]
         where = "the world" if mesh is None else f"the tp groups of a {dp}x{t} DeviceMesh (dp x tp)"
-        yield Case(dp * t, inputs, f"t={t} ({where}), {layer.describe(dims)}",
+        label = f"t={t} ({where}), {layer.describe(dims)}"
+        if i == len(shapes):
+            for g, inp in enumerate(inputs):
+                for k, (axis, mine) in layer.owned(dims, t, g % t).items():
+                    _noise_outside(inp[0][k], axis, mine, rng)
+            label += ("; on rank r, the weights outside block r are noise: "
+                      "rank r may use only its own block")
+        yield Case(dp * t, inputs, label,
                    args=(None if mesh is None else tuple(mesh), tuple(layer.GRADS)),
                    info=dict(t=t, mesh=mesh, groups=groups, dims=dims))
+
+
+def _noise_outside(a, axis, mine, rng):
+    """Overwrite ``a`` (in place) with noise, except the indices ``mine`` along ``axis``."""
+    others = np.setdiff1d(np.arange(a.shape[axis]), mine)
+    index = [slice(None)] * a.ndim
+    index[axis] = others
+    a[tuple(index)] = rng.standard_normal(a[tuple(index)].shape)
 
 
 def _copy(value):

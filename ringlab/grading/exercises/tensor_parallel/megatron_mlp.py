@@ -165,6 +165,12 @@ def group(w, rng, dims, t):
     return Expected(inputs, outputs, passes, mistakes)
 
 
+def owned(dims, t, r):
+    """Rank r's part of each weight argument: {argument: (axis, indices)}."""
+    hid = block(dims[3], t, r)
+    return {1: (1, hid), 2: (0, hid), 3: (0, hid)}
+
+
 def cases(rng):
     return common.make_cases(rng, sys.modules[__name__], CASES)
 

@@ -119,6 +119,11 @@ def group(w, rng, dims, t):
     return Expected([[[xs[r], weight, bias], dy] for r in range(t)], outputs, passes, mistakes)
 
 
+def owned(dims, t, r):
+    """Rank r's part of each weight argument: {argument: (axis, indices)}."""
+    return {1: (0, block(dims[2], t, r))}
+
+
 def cases(rng):
     return common.make_cases(rng, sys.modules[__name__], CASES)
 

@@ -176,6 +176,14 @@ def group(w, rng, dims, t):
     return Expected(inputs, outputs, passes, mistakes)
 
 
+def owned(dims, t, r):
+    """Rank r's part of each weight argument: {argument: (axis, indices)}."""
+    h = dims[2]
+    mine = block(h, t, r)
+    cols = np.concatenate([mine, h + mine, 2 * h + mine])
+    return {1: (1, cols), 2: (0, cols), 3: (0, mine)}
+
+
 def cases(rng):
     return common.make_cases(rng, sys.modules[__name__], CASES)
 
