@@ -198,7 +198,8 @@ def col_interleaved(comm, x, weight, bias):
     w, b = weight[:, r::t], bias[r::t]
 
     def backward(dy):
-        return allreduce(comm, dy @ w.T), {"weight": rows2(x).T @ rows2(dy), "bias": rows2(dy).sum(0)}
+        grads = {"weight": rows2(x).T @ rows2(dy), "bias": rows2(dy).sum(0)}
+        return allreduce(comm, dy @ w.T), grads
     return x @ w + b, backward
 
 
@@ -357,8 +358,8 @@ def reduce_pad_and_memory(comm, a):
 def row_bias_own_allreduce(comm, x, weight, bias):
     """Right values, two AllReduces: the product's, then the bias spread as bias/t."""
     w = weight[block(weight.shape[0], comm)]
-    y = allreduce(comm, x @ w) + allreduce(comm, np.broadcast_to(bias / comm.world_size,
-                                                                 (x.shape[0], x.shape[1], bias.size)))
+    spread = np.broadcast_to(bias / comm.world_size, (x.shape[0], x.shape[1], bias.size))
+    y = allreduce(comm, x @ w) + allreduce(comm, spread)
 
     def backward(dy):
         return dy @ w.T, {"weight": rows2(x).T @ rows2(dy), "bias": rows2(dy).sum(0)}
@@ -422,7 +423,8 @@ def _summed_db(make):
     return row_parallel_linear
 
 
-ROW_WRONG["summed_bias_grad"] = (_summed_db(make_row), 'grads["bias"] equals the unsharded layer\'s')
+ROW_WRONG["summed_bias_grad"] = (_summed_db(make_row),
+                                 'grads["bias"] equals the unsharded layer\'s')
 
 
 @pytest.mark.parametrize("name", ROW_WRONG)
@@ -447,9 +449,9 @@ SQ = math.sqrt(2 / math.pi)
 
 
 def gelu_by_hand(z):
-    u = SQ * (z + 0.044715 * z ** 3)
-    return 0.5 * z * (1 + np.tanh(u)), (0.5 * (1 + np.tanh(u))
-                                        + 0.5 * z * (1 - np.tanh(u) ** 2) * SQ * (1 + 3 * 0.044715 * z ** 2))
+    th = np.tanh(SQ * (z + 0.044715 * z ** 3))
+    slope = 0.5 * (1 + th) + 0.5 * z * (1 - th ** 2) * SQ * (1 + 3 * 0.044715 * z ** 2)
+    return 0.5 * z * (1 + th), slope
 
 
 def make_mlp(fwd_sync=allreduce, bwd_sync=allreduce, units=None, gelu=gelu_by_hand,
