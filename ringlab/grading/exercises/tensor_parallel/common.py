@@ -25,7 +25,13 @@ The checks, in order, on every case:
    holds them: an AllGather of the inputs gives right values with the wrong
    communication. Finally the volume: one bandwidth-optimal AllReduce of N
    elements on t ranks moves 2(t-1) N elements in the group (a ring, a tree,
-   reduce-then-broadcast); twice that is two AllReduces.
+   reduce-then-broadcast); twice that is two AllReduces. And every rank must
+   have received, in some partial sum, every other rank's part of every
+   element: the sum has to travel in the messages, not some other way.
+
+The last case repeats the first with, on rank r, the weights outside block r
+replaced by noise: a program that computes the whole layer on every rank and
+all-reduces for show only gives wrong values there.
 """
 
 from __future__ import annotations
