@@ -122,6 +122,12 @@ def group(w, rng, dims, t):
     return Expected([[[x, weight, bias], dys[r]] for r in range(t)], outputs, passes, mistakes)
 
 
+def owned(dims, t, r):
+    """Rank r's part of each weight argument: {argument: (axis, indices)}."""
+    cols = block(dims[3], t, r)
+    return {1: (1, cols), 2: (0, cols)}
+
+
 def cases(rng):
     return common.make_cases(rng, sys.modules[__name__], CASES)
 

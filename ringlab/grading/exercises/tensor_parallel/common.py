@@ -25,7 +25,13 @@ The checks, in order, on every case:
    holds them: an AllGather of the inputs gives right values with the wrong
    communication. Finally the volume: one bandwidth-optimal AllReduce of N
    elements on t ranks moves 2(t-1) N elements in the group (a ring, a tree,
-   reduce-then-broadcast); twice that is two AllReduces.
+   reduce-then-broadcast); twice that is two AllReduces. And every rank must
+   have received, in some partial sum, every other rank's part of every
+   element: the sum has to travel in the messages, not some other way.
+
+The last case repeats the first with, on rank r, the weights outside block r
+replaced by noise: a program that computes the whole layer on every rank and
+all-reduces for show only gives wrong values there.
 """
 
 from __future__ import annotations
@@ -90,15 +96,33 @@ def make_cases(rng, layer, shapes):
     (t, mesh, dims), mesh None (the world is the tp group) or (dp, t): the tp
     groups of a DeviceMesh, each with its own data (its rank numbers are then
     group-local). Every rank gets its own copies of the arrays."""
-    for t, mesh, dims in shapes:
+    # Last, the first shape again with, on each rank, the weights outside its own block
+    # replaced by noise: a program that computes the whole layer on every rank (all the
+    # weights are there) and all-reduces only for show gives wrong values there.
+    for i, (t, mesh, dims) in enumerate([*shapes, shapes[0]]):
         dp = 1 if mesh is None else mesh[0]
         weights = layer.weights(rng, dims)
         groups = [layer.group(weights, rng, dims, t) for _ in range(dp)]
         inputs = [_copy(groups[d].inputs[r]) for d in range(dp) for r in range(t)]
         where = "the world" if mesh is None else f"the tp groups of a {dp}x{t} DeviceMesh (dp x tp)"
-        yield Case(dp * t, inputs, f"t={t} ({where}), {layer.describe(dims)}",
+        label = f"t={t} ({where}), {layer.describe(dims)}"
+        if i == len(shapes):
+            for g, inp in enumerate(inputs):
+                for k, (axis, mine) in layer.owned(dims, t, g % t).items():
+                    _noise_outside(inp[0][k], axis, mine, rng)
+            label += ("; on rank r, the weights outside block r are noise: "
+                      "rank r may use only its own block")
+        yield Case(dp * t, inputs, label,
                    args=(None if mesh is None else tuple(mesh), tuple(layer.GRADS)),
                    info=dict(t=t, mesh=mesh, groups=groups, dims=dims))
+
+
+def _noise_outside(a, axis, mine, rng):
+    """Overwrite ``a`` (in place) with noise, except the indices ``mine`` along ``axis``."""
+    others = np.setdiff1d(np.arange(a.shape[axis]), mine)
+    index = [slice(None)] * a.ndim
+    index[axis] = others
+    a[tuple(index)] = rng.standard_normal(a[tuple(index)].shape)
 
 
 def _copy(value):
@@ -107,6 +131,13 @@ def _copy(value):
     if isinstance(value, (list, tuple)):
         return [_copy(v) for v in value]
     return value
+
+
+def with_bias(parts, bias, t):
+    """The operands of a right forward AllReduce: the partial products, or the bias
+    added before the sum on one rank (any one) or as bias/t on every rank."""
+    return ([parts] + [[p + bias if r == q else p for r, p in enumerate(parts)] for q in range(t)]
+            + [[p + bias / t for p in parts]])
 
 
 def block(n, t, r):
@@ -305,13 +336,14 @@ class _Lookup:
     """Every value a message of one pass may hold, sorted, to read payloads element by element."""
 
     def __init__(self, p, t):
-        vals, kinds, info = [], [], []
+        vals, kinds, info, where = [], [], [], []
 
         def add(arr, kind, what):
             a = np.asarray(arr, dtype=np.float64).ravel()
             vals.append(a)
             kinds.append(np.full(a.size, kind))
             info.extend([what] * a.size)
+            where.append(np.arange(a.size) if kind == SUM else np.full(a.size, -1))
 
         for alt in p.alternatives:
             for mask in range(1, 2 ** t):
@@ -326,13 +358,14 @@ class _Lookup:
         self.vals = np.concatenate(vals) if vals else np.zeros(0)
         self.kinds = np.concatenate(kinds) if kinds else np.zeros(0, int)
         self.info = info
+        self.where = np.concatenate(where) if where else np.zeros(0, int)   # element of a SUM
         self.order = np.argsort(self.vals, kind="stable")
         self.sorted = self.vals[self.order]
         scale = np.abs(self.vals).max(initial=0.0)
         self.tol = 1e-11 * scale if scale > 0 else 1e-300
 
     def read(self, payload):
-        """For each element: (kind, info) of the best match, or None."""
+        """For each element: (kind, info, element of the operand) of the best match, or None."""
         v = np.asarray(payload, dtype=np.float64).ravel()
         lo = np.searchsorted(self.sorted, v - self.tol, "left")
         hi = np.searchsorted(self.sorted, v + self.tol, "right")
@@ -343,7 +376,7 @@ class _Lookup:
                 continue
             idx = self.order[a:b]
             best = idx[np.argmin(self.kinds[idx])]
-            out.append((int(self.kinds[best]), self.info[best]))
+            out.append((int(self.kinds[best]), self.info[best], int(self.where[best])))
         return out
 
 
@@ -366,7 +399,7 @@ def _messages(result, case, layer):
         for pname, p in ex.passes.items():
             events = [e for e in result.trace if e.src in members and _pass_of(e) == pname]
             failure = (_group(events, case, label, members) or
-                       _pass(result, case, events, pname, p, t, layer))
+                       _pass(result, case, events, pname, p, t, layer, members[0]))
             if failure:
                 return failure
     return None
@@ -386,7 +419,7 @@ def _group(events, case, label, members):
     return None
 
 
-def _pass(result, case, events, pname, p, t, layer):
+def _pass(result, case, events, pname, p, t, layer, first):
     got_bytes = sum(e.nbytes for e in events)
     if p.allreduces == 0 and events:
         e = events[0]
@@ -403,6 +436,7 @@ def _pass(result, case, events, pname, p, t, layer):
     lookup = _Lookup(p, t)
     n = p.alternatives[0][0].size
     want_bytes = 2 * (t - 1) * n * 8
+    heard = np.zeros((t, t, n), dtype=bool)    # [r, q, i]: rank r got rank q's part of element i
     for e in events:
         pay = result.payload(e) if result.payloads is not None else None
         if pay is None:
@@ -434,6 +468,8 @@ def _pass(result, case, events, pname, p, t, layer):
                            f"{t} ranks",
                            expected=f"one AllReduce: {want_bytes} bytes in the group",
                            got=f"{got_bytes} bytes", hint=p.hint)
+        for _, members, i in read:
+            heard[e.dst - first, list(members), i] = True
     if got_bytes != want_bytes:
         times = got_bytes / want_bytes if want_bytes else float("inf")
         if got_bytes == 0:
@@ -452,6 +488,28 @@ def _pass(result, case, events, pname, p, t, layer):
                        expected=f"{want_bytes} bytes in the group: one AllReduce of {n} elements "
                                 f"on t = {t} ranks moves 2(t-1) x {n} x 8 bytes (ring_allreduce)",
                        got=f"{got_bytes} bytes in {len(events)} message(s)", hint=p.hint)
+    return _heard_all(case, pname, p, t, heard, first)
+
+
+def _heard_all(case, pname, p, t, heard, first):
+    """Every rank's messages must bring it every other rank's part of every element: an
+    AllReduce's result travels in its messages. Right-looking messages of the right volume
+    whose sum reached the ranks some other way (shared Python memory) fail here."""
+    for r in range(t):
+        heard[r, r] = True
+        missing = np.argwhere(~heard[r])
+        if missing.size:
+            q, i = missing[0]
+            return Failure(case.label, f"{pname} communication",
+                           f"{who(case, first + r)} returns the sum, but no message it received "
+                           f"holds rank {q}'s part of element {i} of {p.operand}: the sum did "
+                           f"not come through the messages",
+                           expected=f"every rank receives, in partial sums, every other rank's "
+                                    f"part of every element (what an AllReduce does)",
+                           got=f"{int((~heard[r]).sum())} (rank, element) parts never received "
+                               f"by rank {r}",
+                           hint=p.hint + " The grader reads every message: data shared some "
+                                         "other way does not pass.")
     return None
 
 

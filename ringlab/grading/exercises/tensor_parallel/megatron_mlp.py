@@ -24,7 +24,7 @@ import sys
 import numpy as np
 
 from . import common
-from .common import Expected, Mistake, Pass, block
+from .common import Expected, Mistake, Pass, block, with_bias
 from ....nn import MLP, GeLU
 
 NAME = "megatron_mlp"
@@ -105,8 +105,7 @@ def group(w, rng, dims, t):
               "AllReduce (g)")
     passes = {
         "forward": Pass(1, f"the partial products GeLU(x A_r + a_r) B_r ({n} elements)",
-                        [parts, [p + (c if r == 0 else 0) for r, p in enumerate(parts)],
-                         [p + c / t for p in parts]],
+                        with_bias(parts, c, t),
                         raw={"H": (hs, "your hidden activations GeLU(x A_r + a_r)", gather),
                              "U": (us, "your hidden pre-activations x A_r + a_r", gather),
                              "X": ([x], "X", "X is the same on every rank: nothing to send")},
@@ -166,6 +165,12 @@ def group(w, rng, dims, t):
         "convention)."))
     inputs = [[[x, A, a, B, c], dy] for _ in range(t)]
     return Expected(inputs, outputs, passes, mistakes)
+
+
+def owned(dims, t, r):
+    """Rank r's part of each weight argument: {argument: (axis, indices)}."""
+    hid = block(dims[3], t, r)
+    return {1: (1, hid), 2: (0, hid), 3: (0, hid)}
 
 
 def cases(rng):

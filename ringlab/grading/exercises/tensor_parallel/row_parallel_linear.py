@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 from . import common
-from .common import Expected, Mistake, Pass, block
+from .common import Expected, Mistake, Pass, block, with_bias
 from ....nn import Linear
 
 NAME = "row_parallel_linear"
@@ -83,9 +83,7 @@ def group(w, rng, dims, t):
     gather = ("an AllGather of X, so that every rank can multiply the whole X by the whole W; "
               "a row-parallel layer sums partial products with one AllReduce")
     passes = {
-        "forward": Pass(1, operand, [partial, [p + (bias if r == 0 else 0)
-                                               for r, p in enumerate(partial)],
-                                     [p + bias / t for p in partial]],
+        "forward": Pass(1, operand, with_bias(partial, bias, t),
                         raw={"X": (xs, f"your shard of X to the other ranks (b*s*d_in/t = "
                                        f"{xs[0].size} elements from each rank)", gather),
                              "W": ([weight[rw] for rw in rows], "your rows of W",
@@ -119,6 +117,11 @@ def group(w, rng, dims, t):
                 "the whole sum of dY", HINTS["bias"]),
     ]
     return Expected([[[xs[r], weight, bias], dy] for r in range(t)], outputs, passes, mistakes)
+
+
+def owned(dims, t, r):
+    """Rank r's part of each weight argument: {argument: (axis, indices)}."""
+    return {1: (0, block(dims[2], t, r))}
 
 
 def cases(rng):

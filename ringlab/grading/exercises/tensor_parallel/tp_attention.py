@@ -26,7 +26,7 @@ import sys
 import numpy as np
 
 from . import common
-from .common import Expected, Mistake, Pass, block
+from .common import Expected, Mistake, Pass, block, with_bias
 from ....nn import CausalSelfAttention, Linear, Module
 
 NAME = "tp_attention"
@@ -126,8 +126,7 @@ def group(w, rng, dims, t):
               "heads; attention sums the heads' partial products with one AllReduce (g)")
     passes = {
         "forward": Pass(1, f"the partial products (your heads' outputs @ proj rows, {n} elements)",
-                        [parts, [p + (c if r == 0 else 0) for r, p in enumerate(parts)],
-                         [p + c / t for p in parts]],
+                        with_bias(parts, c, t),
                         raw={"O": ([p[2] for p in local], "your heads' outputs (probs @ v)",
                                    gather),
                              "QKV": ([p[3] for p in local], "your q, k and v", gather),
@@ -175,6 +174,14 @@ def group(w, rng, dims, t):
                 "r, r+t, r+2t, ... (r::t)", HEADS_HINT),
     ]
     return Expected(inputs, outputs, passes, mistakes)
+
+
+def owned(dims, t, r):
+    """Rank r's part of each weight argument: {argument: (axis, indices)}."""
+    h = dims[2]
+    mine = block(h, t, r)
+    cols = np.concatenate([mine, h + mine, 2 * h + mine])
+    return {1: (1, cols), 2: (0, cols), 3: (0, mine)}
 
 
 def cases(rng):
