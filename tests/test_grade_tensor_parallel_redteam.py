@@ -271,10 +271,7 @@ COLUMN_RIGHT = {
         "('ring_allreduce'), not under the grader's backward span, so the grader says "
         "'messages only in forward and backward'; a fix belongs in the simulator (a work "
         "inheriting its starter's span) and touches every trace with works"))),
-    "same_ranks_new_group": pytest.param(col_same_ranks_new_group, marks=pytest.mark.xfail(
-        strict=True, reason="common._group checks the trace's group label, not the ranks: a "
-                            "new group of exactly the tp group's ranks is refused as leaving "
-                            "the tensor-parallel group")),
+    "same_ranks_new_group": col_same_ranks_new_group,
     "barrier_in_forward": make_column(forward_hook=forward_barrier),   # no message: no traffic
 }
 
