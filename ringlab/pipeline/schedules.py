@@ -54,7 +54,7 @@ def gpipe(p, m):
 
 
 def one_f_one_b_stage(r, p, m):
-    """1F1B on stage ``r`` (PipeDream-Flush, Narayanan et al. 2021, section 2.2).
+    """1F1B on stage ``r`` (PipeDream-Flush; Narayanan et al. 2021, section 2.2.1).
 
     Warm-up: ``p - 1 - r`` forwards. Steady state: one forward, then one
     backward, until every forward has run. Cool-down: the remaining backwards.
@@ -86,7 +86,7 @@ def one_f_one_b(p, m):
 
 def interleaved_1f1b_rank(r, p, m, v):
     """Interleaved 1F1B on rank ``r`` with ``v`` model chunks per rank
-    (Narayanan et al. 2021, section 2.2, Figure 4; Megatron-LM's order).
+    (Narayanan et al. 2021, section 2.2.2, Figure 4; Megatron-LM's order).
 
     The model is cut into ``v * p`` stages; rank r holds stages r, r + p, ...,
     r + (v - 1) p. The rank runs ``v * m`` forwards: microbatches go through
@@ -137,7 +137,8 @@ def interleaved_1f1b(p, m, v):
 
 def zb_h1_stage(r, p, m):
     """ZB-H1 on stage ``r`` (Qi et al. 2023, "Zero Bubble Pipeline Parallelism",
-    section 3.1, Figure 3 top; their DeepSpeed ``ZeroBubbleH1Pipeline``).
+    arXiv:2311.15214, section 3.1, Figure 3; the order of ``ZeroBubbleH1Pipeline``
+    in the authors' code).
 
     The backward is split in two: ``B`` computes the gradient of the input
     (the next stage down waits for it), ``W`` the gradient of the weights
@@ -152,8 +153,10 @@ def zb_h1_stage(r, p, m):
     rank 2: .  .  F0 B0 F1 B1 F2 B2 W0 F3 B3 W1 W2 W3
 
     A microbatch's activations are held until its W. Stage r holds at most
-    p of them, as many as 1F1B's first stage: the peak memory of 1F1B. When
-    F, B and W take the same time, the bubble is a third of 1F1B's.
+    p of them, as many as 1F1B's first stage: the peak memory of 1F1B. With
+    m >= p each rank waits (p - 1)(t_f + t_b - t_w) in all (when t_w <= t_f),
+    against (p - 1)(t_f + t_b + t_w) for 1F1B: a third of it when F, B and W
+    take the same time.
 
     >>> [str(a) for a in zb_h1_stage(1, p=2, m=2)]
     ['1F0', '1B0', '1F1', '1B1', '1W0', '1W1']

@@ -115,11 +115,12 @@ def _check_rank(r, actions, p, n_stages, n_microbatches, limit, freed_by):
             return Violation(r, i, a, problem)
         name = NAMES[a.kind]
         if a.stage >= n_stages:
-            return bad(f"stage {a.stage} does not exist: the model has {n_stages} stages")
+            return bad(f"stage {a.stage} does not exist: stages are 0 to {n_stages - 1}")
         if stage_rank(a.stage, p) != r:
             return bad(f"stage {a.stage} belongs on rank {stage_rank(a.stage, p)}, not rank {r}")
         if a.mb >= n_microbatches:
-            return bad(f"microbatch {a.mb} does not exist: there are {n_microbatches}")
+            return bad(f"microbatch {a.mb} does not exist: microbatches are 0 to "
+                       f"{n_microbatches - 1}")
         if a.kind in BEFORE and a.mb >= ran[BEFORE[a.kind], a.stage]:
             return bad(f"{name} of microbatch {a.mb} before its {NAMES[BEFORE[a.kind]]}")
         expected = ran[a.kind, a.stage]
