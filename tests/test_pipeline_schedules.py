@@ -71,6 +71,13 @@ def test_interleaved_warm_up_is_megatrons_formula_and_needs_m_multiple_of_p():
         interleaved_1f1b(4, 6, 2)
 
 
+def test_generators_reject_bad_sizes():
+    with pytest.raises(ValueError, match="rank 3 does not exist: ranks are 0 to 2"):
+        one_f_one_b_stage(3, 3, 4)
+    with pytest.raises(ValueError, match="got p=2, m=0"):
+        gpipe(2, 0)
+
+
 # ---- the validator: messages ----------------------------------------------------------------
 
 

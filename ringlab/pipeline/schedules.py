@@ -25,9 +25,11 @@ __all__ = [
 ]
 
 
-def _check(p, m):
+def _check(r, p, m):
     if p < 1 or m < 1:
         raise ValueError(f"need at least one stage and one microbatch, got p={p}, m={m}")
+    if not 0 <= r < p:
+        raise ValueError(f"rank {r} does not exist: ranks are 0 to {p - 1}")
 
 
 def gpipe_stage(r, p, m):
@@ -39,12 +41,13 @@ def gpipe_stage(r, p, m):
     rank 2: .  .  F0 F1 F2 F3 B0 B1 B2 B3 .  .
 
     Stage r holds the activations of all m microbatches before its first
-    backward: peak memory grows with m.
+    backward: peak memory grows with m. Each rank waits (p - 1)(t_f + t_b):
+    the bubble is (p - 1) / m of the compute.
 
     >>> [str(a) for a in gpipe_stage(1, p=2, m=2)]
     ['1F0', '1F1', '1B0', '1B1']
     """
-    _check(p, m)
+    _check(r, p, m)
     return [Action("F", i, r) for i in range(m)] + [Action("B", i, r) for i in range(m)]
 
 
@@ -65,12 +68,13 @@ def one_f_one_b_stage(r, p, m):
     rank 2: .  .  F0 B0 F1 B1 F2 B2 F3 B3 .  .
 
     A backward frees its microbatch's activations, so stage r never holds
-    more than ``p - r`` microbatches (at most ``m``), whatever m is.
+    more than ``p - r`` microbatches (at most ``m``), whatever m is. The bubble
+    is GPipe's, (p - 1) / m of the compute.
 
     >>> [str(a) for a in one_f_one_b_stage(0, p=2, m=3)]
     ['0F0', '0F1', '0B0', '0F2', '0B1', '0B2']
     """
-    _check(p, m)
+    _check(r, p, m)
     warmup = min(p - 1 - r, m)
     order = [Action("F", i, r) for i in range(warmup)]
     for i in range(warmup, m):  # forward of microbatch i, backward of the oldest one
@@ -110,7 +114,7 @@ def interleaved_1f1b_rank(r, p, m, v):
     >>> [str(a) for a in interleaved_1f1b_rank(1, p=2, m=2, v=2)]
     ['1F0', '1F1', '3F0', '3B0', '3F1', '3B1', '1B0', '1B1']
     """
-    _check(p, m)
+    _check(r, p, m)
     if v < 1:
         raise ValueError(f"need at least one model chunk per rank, got v={v}")
     if m % p:
@@ -161,7 +165,7 @@ def zb_h1_stage(r, p, m):
     >>> [str(a) for a in zb_h1_stage(1, p=2, m=2)]
     ['1F0', '1B0', '1F1', '1B1', '1W0', '1W1']
     """
-    _check(p, m)
+    _check(r, p, m)
     f = b = w = 0  # next microbatch to forward, to backward, to weight-gradient
     order = []
 
