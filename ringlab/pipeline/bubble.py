@@ -63,14 +63,23 @@ def of_total(bubble):
     return bubble / (1 + bubble)
 
 
-def peak_held_closed_form(schedule, p, m, rank):
-    """Most microbatches' activations rank ``rank`` keeps at once: ``m`` (GPipe),
-    ``min(m, p - rank)`` (1F1B)."""
+def peak_held_closed_form(schedule, p, m, rank, v=1):
+    """Most microbatch states (activations kept for a backward) rank ``rank``
+    holds at once: ``m`` (GPipe), ``min(m, p - rank)`` (1F1B); interleaved,
+    counting each of the ``v`` chunks' states (each 1/v of a stage's), Megatron-LM's
+    warm-up ``2 (p - rank - 1) + (v - 1) p`` forwards plus one
+    (``megatron/core/pipeline_parallel/schedules.py``); ZB-H1, a state kept
+    until its W, ``min(m, p)`` on every rank: its largest is 1F1B's (Qi et al.
+    2023: ZB-H1's peak memory is 1F1B's)."""
     if schedule == "gpipe":
         return m
     if schedule == "one_f_one_b":
         return min(m, p - rank)
-    raise ValueError(f"no closed form here for the activations of {schedule!r}")
+    if schedule == "interleaved_1f1b":
+        return min(v * m, 2 * (p - rank - 1) + (v - 1) * p + 1)
+    if schedule == "zb_h1":
+        return min(m, p)
+    raise ValueError(f"no closed form for the activations of {schedule!r}")
 
 
 def messages_closed_form(p, m, v=1):

@@ -61,12 +61,13 @@ def figure(p=4, m=8, v=2, schedule="one_f_one_b", t_f=1.0, t_b=1.0, t_w=1.0, ax=
     closed = out["closed_form"]
     formula = "" if closed is None else f" (formula {_pct(closed)} / {_pct(of_total(closed))})"
     if ax is None:
-        _, ax = plt.subplots(figsize=(8.0, 0.9 + 0.45 * p))
+        _, ax = plt.subplots(figsize=(8.0, 1.2 + 0.45 * p))
     vv = f", v={out['v']}" if out["v"] > 1 else ""
     plot_pipeline(out["result"].trace, ax, title=(
-        f"{schedule}, p={p}, m={m}{vv}: bubble {_pct(s.bubble[worst])} of compute, "
+        f"{schedule}, p={p}, m={m}{vv}; {s.messages} messages\n"
+        f"bubble {_pct(s.bubble[worst])} of compute, "
         f"{_pct(s.bubble_of_total[worst])} of time{formula}\n"
-        f"peak activations held per rank {s.peak_held}; {s.messages} messages"))
+        f"peak activations held per rank {s.peak_held}"))
     return out
 
 
