@@ -50,13 +50,23 @@ class Linear(Module):
         return y
 
     def backward(self, dy):
+        self.backward_weight(dy)
+        return self.backward_input(dy)
+
+    # Zero-bubble pipelines (Qi et al. 2023) split the backward in two: the input
+    # gradient (the previous stage waits for it) now, the weight gradient later.
+    def backward_input(self, dy):
+        """dx = dy @ W^T only: what the previous layer needs."""
+        return dy @ self.params["weight"].T
+
+    def backward_weight(self, dy):
+        """Add dW = x^T dy (and db) into ``grads`` only: nobody waits for it."""
         # Fold all leading axes (batch, time, ...) into one: rows of a matrix.
         x2 = self.x.reshape(-1, self.x.shape[-1])
         dy2 = dy.reshape(-1, dy.shape[-1])
         self.grads["weight"] += x2.T @ dy2
         if "bias" in self.params:
             self.grads["bias"] += dy2.sum(axis=0)
-        return dy @ self.params["weight"].T
 
     def flops(self, x_shape):
         rows = math.prod(x_shape[:-1])

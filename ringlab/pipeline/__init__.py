@@ -7,6 +7,10 @@ activations and gradients.
 * ``validate``: the first violation of a schedule in plain words (order,
   missing inputs, deadlock, memory), microbatches in flight, the ideal timeline
   and its bubble.
+* ``stages``: ``split_model``, the stage program ``pipeline_stage`` and
+  ``run_pipeline`` (every rank, on the simulator or real processes).
+* ``bubble``: the bubble, peak activations and message counts, measured from a
+  trace and in closed form.
 """
 
 from .actions import Action, format_schedule, needs, parse, sends, stage_rank
@@ -15,6 +19,7 @@ from .schedules import (gpipe, gpipe_stage, interleaved_1f1b, interleaved_1f1b_r
 from .validate import (ScheduleError, Slot, Violation, bubble_fraction, bubble_ratio, check,
                        format_timeline, idle_time, in_flight, makespan, peak_in_flight,
                        picture, timeline, validate)
+from .stages import PipelineResult, pipeline_stage, run_pipeline, split_model
 
 __all__ = [
     "Action", "format_schedule", "needs", "parse", "sends", "stage_rank",
@@ -23,4 +28,5 @@ __all__ = [
     "ScheduleError", "Slot", "Violation", "bubble_fraction", "bubble_ratio", "check",
     "format_timeline", "idle_time", "in_flight", "makespan", "peak_in_flight", "picture",
     "timeline", "validate",
+    "PipelineResult", "pipeline_stage", "run_pipeline", "split_model",
 ]
