@@ -33,6 +33,8 @@ GRADERS = {
     "row_parallel_linear": "exercises.tensor_parallel.row_parallel_linear",
     "megatron_mlp": "exercises.tensor_parallel.megatron_mlp",
     "tp_attention": "exercises.tensor_parallel.tp_attention",
+    "one_f_one_b": "exercises.pipeline.one_f_one_b",
+    "pipeline_stage": "exercises.pipeline.pipeline_stage",
 }
 
 
