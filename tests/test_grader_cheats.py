@@ -9,6 +9,8 @@ Then the feedback items: the real mistake named, not a symptom. And
 mutation-style tests: each trace check fails on a trace made to break it.
 """
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -17,6 +19,8 @@ from ringlab import collectives as C
 from ringlab.grading import checks
 from ringlab.grading.report import Case, Failure, Report, grade_cases, run_case
 from ringlab.trace import Event, Trace
+
+import pipeline_programs as P
 
 SHARED = {}     # what a cheat shares between ranks without messages
 
@@ -381,11 +385,20 @@ CHEATS = [
     ("async_ps", ps_zeros_and_shared_memory, "computed from the parameters the worker was sent",
      ["worker 1's gradient 0 is not task.work"]),
     ("async_ps", ps_always_equal, "returns its result", ["AlwaysEqual, a subclass of numpy.ndarray"]),
+    ("one_f_one_b", P.ofob_duck_typed, "returns a list of Actions", ["is a Fake", "not an Action"]),
+    ("one_f_one_b", P.ofob_whole_pipeline, "returns a list of Actions",
+     ["stage 1, not rank 0's own stage 0"]),
+    ("pipeline_stage", functools.partial(P.stage_recompute, zeros=SHARED),
+     "each activation and gradient sent once", ["zeros: neither an activation nor a gradient"]),
+    ("pipeline_stage", functools.partial(P.stage_recompute, hide_grads=SHARED),
+     "each activation and gradient sent once",
+     ["sent rank 1 zeros: neither an activation nor a gradient of any microbatch (shape (1,))"]),
 ]
 
 
 @pytest.mark.parametrize("exercise, program, check, phrases", CHEATS,
-                         ids=[f"{c[0]}-{c[1].__name__}" for c in CHEATS])
+                         ids=[f"{c[0]}-{getattr(c[1], '__name__', None) or c[1].keywords}"
+                              for c in CHEATS])
 def test_cheats_fail(exercise, program, check, phrases):
     SHARED.clear()
     report = ringlab.grade(exercise, program, seed=0, log=False)

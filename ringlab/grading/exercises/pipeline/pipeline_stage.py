@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,8 +64,8 @@ NAME = "pipeline_stage"
 ALLOWED_REFERENCES = ("pipeline/schedules",)
 TOL = 1e-9
 # (schedule, p, m, v, mode, network)
-CASES = [("1F1B", 2, 3, 1, "buffered", None),
-         ("1F1B", 3, 4, 1, "rendezvous", None),
+CASES = [("1F1B", 3, 4, 1, "buffered", None),
+         ("1F1B", 2, 3, 1, "rendezvous", None),
          ("GPipe", 2, 2, 1, "rendezvous", None),
          ("1F1B", 4, 2, 1, "rendezvous", None),
          ("interleaved 1F1B", 2, 4, 2, "buffered", None),
@@ -278,7 +279,22 @@ def _explain(failure, case):
                                 f"{pair[0]}." if sending.get(pair[1]) == pair[0] else "."))
             failure.hint = RENDEZVOUS_HINT
         elif err.trace is not None and list(err.trace.unreceived):
-            failure.hint = (failure.hint or "") + " " + SEND_HINT
+            wanted = {}     # (src, tag) -> the rank that waits for that message
+            for q, w in err.waiting.items():
+                tag = re.search(r"tag=(-?\d+)", str(w))
+                if w.kind == "recv" and tag:
+                    wanted[w.peer, int(tag.group(1))] = q
+            stray = [(e, wanted[e.src, e.tag]) for e in err.trace.unreceived
+                     if wanted.get((e.src, e.tag), e.dst) != e.dst]
+            if stray:
+                e, q = stray[0]
+                failure.what += (f"\nRank {e.src} sent rank {e.dst} the message (tag {e.tag}) "
+                                 f"that rank {q} waits for: a send to the wrong neighbour.")
+            else:
+                e = err.trace.unreceived[0]
+                failure.what += (f"\nRank {e.src} sent rank {e.dst} a message (tag {e.tag}) "
+                                 f"that rank {e.dst} never received.")
+            failure.hint = SEND_HINT
     elif failure.check == "every message sent is received":
         failure.hint = SEND_HINT
     return failure
@@ -390,7 +406,8 @@ def _messages(result, case):
             held = "zeros" if not pay.any() else "values that are"
             return Failure(case.label, "each activation and gradient sent once, to its neighbour",
                            f"rank {e.src} sent rank {e.dst} {held} neither an activation nor a "
-                           f"gradient of any microbatch (shape {pay.shape})",
+                           f"gradient of any microbatch (shape {pay.shape})".replace(
+                               "zeros neither", "zeros: neither"),
                            expected="each message: the output of one microbatch's F (to the next "
                                     "stage) or the input gradient of its B (to the previous one)",
                            got=numbers(pay),

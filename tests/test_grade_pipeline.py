@@ -1,0 +1,132 @@
+"""The Part 4 graders: right programs pass, the usual mistakes fail with the right
+check and words (programs in tests/pipeline_programs.py)."""
+
+import functools
+
+import pytest
+
+import ringlab
+from ringlab.grading.trusted import banned_modules, reference_in
+from ringlab.pipeline.schedules import one_f_one_b_stage
+from ringlab.pipeline.stages import pipeline_stage
+
+import pipeline_programs as P
+
+OFOB_RIGHT = [one_f_one_b_stage, P.ofob_loop, P.ofob_text, P.ofob_counter]
+OFOB_WRONG = [
+    (P.ofob_gpipe, "microbatches in flight",
+     ["your rank 0 holds 8 microbatches at once, GPipe's m, not 1F1B's p - r = 4: start "
+      "backwards after the warm-up", "list is GPipe's"]),
+    (P.ofob_warmup_long, "microbatches in flight",
+     ["rank 0 holds 5 microbatches", "warm-up has 4 forward(s)", "one forward too many",
+      "expected p - 1 - r = 3"]),
+    (P.ofob_warmup_short, "microbatches in flight",
+     ["fewer than 1F1B's min(p - r, m) = 4", "warm-up has 2 forward(s)", "one forward too few",
+      "expected p - 1 - r = 3"]),
+    (P.ofob_swapped, "the schedule is valid",
+     ["rank 3, action 0 (3B0): backward of microbatch 0 before its forward",
+      "forward and backward swapped"]),
+    (P.ofob_stage_zero, "returns a list of Actions", ["stage 0, not rank 1's own stage 1"]),
+    (P.ofob_strings, "returns a list of Actions", ["is a str ('0F0'), not an Action"]),
+    (P.ofob_no_last_backward, "the schedule is valid",
+     ["stage 0 never runs the backward of microbatch 7"]),
+    (P.ofob_late_forward, "the bubble",
+     ["with t_f = 1 and t_b = 1", "is 1/2, not 1F1B's (p - 1) / m = 3/8"]),
+]
+
+SHARED = {}
+STAGE_RIGHT = [pipeline_stage, P.stage_recompute, P.stage_twins]
+STAGE_WRONG = [
+    (functools.partial(P.stage_recompute, blocking=True), "no deadlock",
+     ["rendezvous mode", "Rank 0 is blocked in a send to rank 1",
+      "rank 1 is itself blocked in a send to rank 0",
+      "a receive posted after a blocking send to the same neighbour", "comm.isend"]),
+    (functools.partial(P.stage_recompute, wrong_neighbour=True), "no deadlock",
+     ["Rank 2 sent rank 0 the message (tag 5) that rank 1 waits for: a send to the wrong "
+      "neighbour", "stage_rank(s - 1, p)"]),
+    (functools.partial(P.stage_recompute, zero_each_b=True),
+     "gradients equal the unpipelined model's",
+     ["only the last microbatch's gradient (microbatch 3)", "not accumulated over the 4"]),
+    (functools.partial(P.stage_recompute, unweighted=True),
+     "gradients equal the unpipelined model's", ["not weighted by its share of the batch"]),
+    (functools.partial(P.stage_recompute, scale=0.25),
+     "gradients equal the unpipelined model's",
+     ["times 1 / m, one over the number of microbatches"]),
+    (functools.partial(P.stage_recompute, scale=2.0),
+     "gradients equal the unpipelined model's", ["times 2"]),
+    (functools.partial(P.stage_recompute, shared_module=True),
+     "gradients equal the unpipelined model's",
+     ["differs from the unpipelined model's", "keep a copy of the stage per microbatch"]),
+    (functools.partial(P.stage_recompute, zeros=SHARED),
+     "each activation and gradient sent once, to its neighbour",
+     ["rank 0 sent rank 1 zeros: neither an activation nor a gradient",
+      "data shared some other way"]),
+    (functools.partial(P.stage_recompute, twice=True),
+     "each activation and gradient sent once, to its neighbour",
+     ["the activation of microbatch 0 from stage 0 to stage 1 was sent 2 times"]),
+]
+
+
+def _grade(exercise, program):
+    SHARED.clear()
+    return ringlab.grade(exercise, program, seed=0, log=False)
+
+
+@pytest.mark.parametrize("program", OFOB_RIGHT, ids=lambda f: f.__name__)
+def test_one_f_one_b_right_programs_pass(program):
+    report = _grade("one_f_one_b", program)
+    assert report.passed, str(report)
+    assert report.cases_total == 11 and report.world_sizes[0] == 1 and report.world_sizes[-1] == 8
+
+
+@pytest.mark.parametrize("program, check, phrases", OFOB_WRONG,
+                         ids=[w[0].__name__ for w in OFOB_WRONG])
+def test_one_f_one_b_wrong_programs_fail(program, check, phrases):
+    text = str(report := _grade("one_f_one_b", program))
+    assert not report.passed and report.failure.check == check, text
+    for phrase in phrases:
+        assert phrase in text, f"{phrase!r} missing from:\n{text}"
+
+
+@pytest.mark.parametrize("program", STAGE_RIGHT, ids=lambda f: f.__name__)
+def test_pipeline_stage_right_programs_pass(program):
+    report = _grade("pipeline_stage", program)
+    assert report.passed, str(report)
+
+
+@pytest.mark.parametrize("program, check, phrases", STAGE_WRONG,
+                         ids=[f"{k}" for w in STAGE_WRONG for k in [w[0].keywords]])
+def test_pipeline_stage_wrong_programs_fail(program, check, phrases):
+    text = str(report := _grade("pipeline_stage", program))
+    assert not report.passed and report.failure.check == check, text
+    for phrase in phrases:
+        assert phrase in text, f"{phrase!r} missing from:\n{text}"
+    assert "grading/exercises/pipeline" not in text      # the driver's frames are not shown
+
+
+def test_pipeline_stage_cases_cover_the_schedules_modes_and_a_network():
+    from ringlab.grading.exercises.pipeline import pipeline_stage as g
+    import numpy as np
+    cases = list(g.cases(np.random.default_rng(0)))
+    labels = " | ".join(c.label for c in cases)
+    for words in ("GPipe", "1F1B, p=4 ranks, m=2", "interleaved 1F1B", "v=2", "ZB-H1",
+                  "rendezvous mode", "AlphaBeta network"):
+        assert words in labels
+    # the reference payloads are those of the library's own pipelined run
+    case = cases[0]
+    res = ringlab.run(g.drive, case.inputs, args=case.args, record_payloads=True,
+                      kwargs=dict(learner=pipeline_stage))
+    assert len(res.trace) == len(case.info["payloads"])
+
+
+def test_ringlab_grade_bans_each_exercise_s_reference_module():
+    assert banned_modules("one_f_one_b")[-2:] == ("ringlab.pipeline.schedules",
+                                                  "ringlab.pipeline.stages")
+    assert "ringlab.pipeline.schedules" not in banned_modules("pipeline_stage")
+    assert "ringlab.pipeline.stages" in banned_modules("pipeline_stage")
+    import cloudpickle
+    assert reference_in(cloudpickle.dumps(one_f_one_b_stage))
+    assert reference_in(cloudpickle.dumps(pipeline_stage), ("pipeline/schedules",))
+    from ringlab.pipeline import schedules
+    assert not reference_in(cloudpickle.dumps(schedules.gpipe), ("pipeline/schedules",))
+    assert not reference_in(cloudpickle.dumps(P.ofob_loop))
