@@ -16,18 +16,8 @@ from ringlab.tensor_parallel import (ParallelTransformerBlock, activation_bytes,
 B, S, H, HEADS, HIDDEN = 2, 12, 24, 12, 96      # s and the heads divide by t = 1, 2, 3, 4
 DEGREES = [1, 2, 3, 4]
 
-
-def rel_err(got, want):
-    return float(np.abs(got - want).max() / np.abs(want).max())
-
-
-def close(got, want):
-    assert got.shape == want.shape
-    assert rel_err(got, want) <= 1e-10
-
-
-def data(*shape, seed):
-    return np.random.default_rng(seed).standard_normal(shape)
+# The comparison helpers of the layer tests: one definition of "equal" for all of Part 3.
+from test_tensor_parallel import close, data, rel_err  # noqa: E402
 
 
 def make_block(dropout=0.0, dtype=np.float64, seed=0):
