@@ -1,8 +1,9 @@
 """ringlab's synchronous SGD ends where torch's DistributedDataParallel does.
 
 The same MLP (ringlab in float64, torch in float32, the same initial numbers),
-the same 20 batches, SGD; DDP on 2 and 4 gloo processes spawned with
-torch.multiprocessing. The parameters agree to float32 rounding. And the
+the same 20 batches, SGD; DDP on 2 and 4 gloo processes started with
+torch.multiprocessing ("spawn": torch_ddp.py says why not "fork"). The
+parameters agree to float32 rounding. And the
 ringlab program itself runs unchanged on backend="torch", with the same
 outputs and trace as in the simulator."""
 
@@ -29,7 +30,7 @@ def test_torch_twin_starts_equal():
 def test_ddp_on_gloo_matches_ringlab_sync_sgd(world_size):
     from ringlab.data_parallel.torch_ddp import train_ddp
     ours = ringlab.run(data_parallel_sgd, [BATCHES] * world_size, kwargs=KW).outputs[0][1]
-    theirs = train_ddp(world_size, BATCHES, **KW, start_method="fork")
+    theirs = train_ddp(world_size, BATCHES, **KW)
     start = single_process_sgd([], **KW)[1]
     assert np.abs(ours - start).max() > 0.05                 # training moved the parameters
     assert np.allclose(theirs, ours, rtol=1e-4, atol=1e-5)   # float32 rounding, 20 steps

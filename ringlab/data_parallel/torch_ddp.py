@@ -1,7 +1,7 @@
 """The cross-check: the same training with ``torch.nn.parallel.DistributedDataParallel``.
 
 ``train_ddp(world_size, batches, sizes=..., seed=..., lr=...)`` spawns
-``world_size`` CPU processes (``torch.multiprocessing``, gloo; ``start_method="fork"`` is faster), builds in each
+``world_size`` fresh CPU processes (``torch.multiprocessing``, gloo), builds in each
 the torch twin of ``ringlab.nn.mlp_model(sizes)`` with the same initial
 numbers, wraps it in DDP and trains it with ``torch.optim.SGD`` on the rank's
 shard of every batch. Returns rank 0's final parameters as one flat float64
@@ -11,10 +11,16 @@ vector in ringlab's order and layout, so it compares directly with
 DDP averages the gradients by dividing their sum by the world size, which is
 the mean over the batch only when every shard has the same size: use batches
 divisible by ``world_size``. Needs torch; importing this module does not.
+
+Why fresh processes ("spawn") and not "fork": forking a process that already
+runs threads (torch's thread pools, the simulator's watchdog) copies locks that
+those threads held, and a child can wait on one forever. It happened here: a
+forked DDP run hung CI for an hour. ``timeout`` bounds every run anyway.
 """
 
 import os
 import tempfile
+import time
 
 import numpy as np
 
@@ -74,13 +80,23 @@ def _worker(rank, world_size, init_file, batches, sizes, seed, lr, out_file):
         dist.destroy_process_group()
 
 
-def train_ddp(world_size, batches, *, sizes, seed, lr, start_method="spawn"):
+def train_ddp(world_size, batches, *, sizes, seed, lr, start_method="spawn", timeout=120.0):
     """Train with DDP on ``world_size`` gloo processes; rank 0's final parameters.
-    ``start_method="fork"`` starts faster (no fresh interpreter and torch import)."""
+    Raises ``TimeoutError`` (after stopping the processes) if they have not all
+    finished within ``timeout`` seconds."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         init_file, out_file = os.path.join(tmp, "init"), os.path.join(tmp, "params.npy")
-        mp.start_processes(_worker, nprocs=world_size, join=True, start_method=start_method,
-                           args=(world_size, init_file, batches, sizes, seed, lr, out_file))
+        procs = mp.start_processes(_worker, nprocs=world_size, join=False,
+                                   start_method=start_method,
+                                   args=(world_size, init_file, batches, sizes, seed, lr,
+                                         out_file))
+        deadline = time.monotonic() + timeout
+        while not procs.join(timeout=0.5):       # raises if a worker failed
+            if time.monotonic() > deadline:
+                for p in procs.processes:
+                    p.kill()
+                raise TimeoutError(f"DDP on {world_size} gloo processes did not finish "
+                                   f"within {timeout} s")
         return np.load(out_file)
