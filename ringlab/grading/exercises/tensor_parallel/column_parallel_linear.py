@@ -22,7 +22,6 @@ import numpy as np
 
 from . import common
 from .common import Expected, Mistake, Pass, block
-from ....nn import Linear
 
 NAME = "column_parallel_linear"
 # ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
@@ -54,28 +53,16 @@ HINTS = {"y": "Y_r = x @ weight[:, cols_r] + bias[cols_r], cols_r block r of ran
 ERROR_HINT = None
 
 
-def describe(dims):
-    b, s, di, do = dims
-    return f"x (b={b}, s={s}, d_in={di}), weight ({di}, {do})"
-
-
-def weights(rng, dims):
-    _, _, di, do = dims
-    lin = Linear(di, do, rng)
-    return lin.params["weight"], lin.params["bias"]
+describe, weights = common.describe_linear, common.linear_weights
 
 
 def group(w, rng, dims, t):
     b, s, di, do = dims
     weight, bias = w
-    x, dy = rng.standard_normal((b, s, di)), rng.standard_normal((b, s, do))
-    lin = Linear(di, do, rng)
-    lin.params["weight"][...], lin.params["bias"][...] = weight, bias
-    y = lin.forward(x)
-    dx = lin.backward(dy)
+    x, dy, y, dx, grads = common.run_linear(w, rng, dims)
     cols = [block(do, t, r) for r in range(t)]
-    outputs = [{"y": y[..., c], "dx": dx, "weight": lin.grads["weight"][:, c],
-                "bias": lin.grads["bias"][c]} for c in cols]
+    outputs = [{"y": y[..., c], "dx": dx, "weight": grads["weight"][:, c],
+                "bias": grads["bias"][c]} for c in cols]
     dys = [dy[..., c] for c in cols]
     partial = [dys[r] @ weight[:, c].T for r, c in enumerate(cols)]
     ys = [o["y"] for o in outputs]
@@ -114,7 +101,7 @@ def group(w, rng, dims, t):
         Mistake({"y": [x @ weight[:, c] for c in cols]}, "the bias is missing",
                 "Add bias[cols_r] to your columns of Y."),
         Mistake({"y": [x @ weight[:, r::t] + bias[r::t] for r in range(t)],
-                 "weight": [lin.grads["weight"][:, r::t] for r in range(t)]},
+                 "weight": [grads["weight"][:, r::t] for r in range(t)]},
                 "you took every t-th column (r::t), not block r",
                 "Rank r owns the contiguous block r*d_out/t .. (r+1)*d_out/t - 1 (Megatron's "
                 "convention, as ColumnParallelLinear.from_linear)."),

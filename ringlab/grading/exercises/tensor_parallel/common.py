@@ -45,6 +45,7 @@ import numpy as np
 from ...report import Case, Failure, numbers, plain_array, run_case
 from ..data_parallel import callable_learner
 from ....errors import RankError
+from ....nn import Linear
 
 TOL = 1e-10
 FORWARD, BACKWARD = "tp-grader.forward", "tp-grader.backward"
@@ -548,3 +549,27 @@ def columns_of(got, full, axis=-1):
             return None
         found.append(match[0])
     return found
+
+
+# -- the two linear-layer graders share their problem: ``Linear(d_in, d_out)`` ------------
+def describe_linear(dims):
+    b, s, di, do = dims
+    return f"x (b={b}, s={s}, d_in={di}), weight ({di}, {do})"
+
+
+def linear_weights(rng, dims):
+    _, _, di, do = dims
+    lin = Linear(di, do, rng)
+    return lin.params["weight"], lin.params["bias"]
+
+
+def run_linear(w, rng, dims):
+    """Random x and dy for ``dims = (b, s, d_in, d_out)``, and the unsharded
+    layer's answers: ``(x, dy, y, dx, grads)``."""
+    b, s, di, do = dims
+    x, dy = rng.standard_normal((b, s, di)), rng.standard_normal((b, s, do))
+    lin = Linear(di, do, rng)
+    lin.params["weight"][...], lin.params["bias"][...] = w
+    y = lin.forward(x)
+    dx = lin.backward(dy)
+    return x, dy, y, dx, lin.grads

@@ -24,7 +24,6 @@ import numpy as np
 
 from . import common
 from .common import Expected, Mistake, Pass, block, with_bias
-from ....nn import Linear
 
 NAME = "row_parallel_linear"
 # ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
@@ -55,29 +54,17 @@ HINTS = {"y": ALLREDUCE_HINT,
 ERROR_HINT = None
 
 
-def describe(dims):
-    b, s, di, do = dims
-    return f"x (b={b}, s={s}, d_in={di}), weight ({di}, {do})"
-
-
-def weights(rng, dims):
-    _, _, di, do = dims
-    lin = Linear(di, do, rng)
-    return lin.params["weight"], lin.params["bias"]
+describe, weights = common.describe_linear, common.linear_weights
 
 
 def group(w, rng, dims, t):
     b, s, di, do = dims
     weight, bias = w
-    x, dy = rng.standard_normal((b, s, di)), rng.standard_normal((b, s, do))
-    lin = Linear(di, do, rng)
-    lin.params["weight"][...], lin.params["bias"][...] = weight, bias
-    y = lin.forward(x)
-    dx = lin.backward(dy)
+    x, dy, y, dx, grads = common.run_linear(w, rng, dims)
     rows = [block(di, t, r) for r in range(t)]
     xs = [x[..., rw] for rw in rows]
-    outputs = [{"y": y, "dx": dx[..., rw], "weight": lin.grads["weight"][rw],
-                "bias": lin.grads["bias"]} for rw in rows]
+    outputs = [{"y": y, "dx": dx[..., rw], "weight": grads["weight"][rw],
+                "bias": grads["bias"]} for rw in rows]
     partial = [xs[r] @ weight[rw] for r, rw in enumerate(rows)]
     operand = f"the partial products (x_r @ W_r, b*s*d_out = {b * s * do} elements)"
     gather = ("an AllGather of X, so that every rank can multiply the whole X by the whole W; "
@@ -108,11 +95,11 @@ def group(w, rng, dims, t):
                 "your dX is the sum of every rank's dX: an AllReduce in backward, which a "
                 "row-parallel layer does not need (f and g swapped?)",
                 "g is an AllReduce forward and the identity backward: dX_r = dY @ W_r^T, local."),
-        Mistake({"bias": [t * lin.grads["bias"]] * t},
+        Mistake({"bias": [t * grads["bias"]] * t},
                 "your bias gradient is t times too large: all-reduced, but dY is the same on "
                 "every rank, so each rank's db is already the whole one",
                 HINTS["bias"]),
-        Mistake({"bias": [lin.grads["bias"] / t] * t},
+        Mistake({"bias": [grads["bias"] / t] * t},
                 "your bias gradient is divided by t: the bias is added once, so its gradient is "
                 "the whole sum of dY", HINTS["bias"]),
     ]
