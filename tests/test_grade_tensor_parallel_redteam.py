@@ -266,11 +266,9 @@ COLUMN_RIGHT = {
     "segmented_left_ring_F_order": make_column(sync=segmented_left_ring),
     "halving_doubling": make_column(sync=halving_doubling),
     "einsum_dx": make_column(matmul_dx=lambda dy, w: np.einsum("bso,io->bsi", dy, w)),
-    "async_work": pytest.param(col_async, marks=pytest.mark.xfail(strict=True, reason=(
-        "a work started with comm.start inside backward sends under its own span "
-        "('ring_allreduce'), not under the grader's backward span, so the grader says "
-        "'messages only in forward and backward'; a fix belongs in the simulator (a work "
-        "inheriting its starter's span) and touches every trace with works"))),
+    # the AllReduce on the communication stream (comm.start): its work inherits the
+    # backward span it was started in
+    "async_work": col_async,
     "same_ranks_new_group": col_same_ranks_new_group,
     "barrier_in_forward": make_column(forward_hook=forward_barrier),   # no message: no traffic
 }

@@ -445,6 +445,9 @@ class World:
     def _start(self, comm, fn, args, kwargs):
         me = comm._me
         actor = Actor(me.rank, 1, me.clock, me.time)
+        # A work belongs to the span it was started in ("backward/ring_allreduce"),
+        # as an async_op collective belongs to the code that issued it.
+        actor.span_path = me.span_path
         actor.comm = Comm(self, actor, comm.group, stream=1)
         name = getattr(fn, "__name__", "work")
         work = Work(self, actor, name)

@@ -391,6 +391,7 @@ class ProcessWorld:
         # simulator runs the works of one (group, rank) in order.
         me, label = comm._me, comm.group.label
         actor = _Actor(me.rank, 1, me.clock)
+        actor.span_path = me.span_path          # as the simulator: the starter's span
         work = _Work(self, actor, len(self.works))
         self.works.append(work)
         me.log.append(("start", work.index, label))
