@@ -173,7 +173,8 @@ class ShardedModel:
                 groups[-1][1].append(layer)         # GeLU & co. join the unit before them
             else:
                 raise ValueError(f"rank {rank}: layer {i} ({type(layer).__name__}) has no "
-                                 f"parameters and no unit before it; the first layer must have some")
+                                 f"parameters and no unit before it; the first layer must "
+                                 f"have some")
         times = np.broadcast_to(compute_time, len(groups))
         self.units = [Unit(name, layers, rank, world_size, t)
                       for (name, layers), t in zip(groups, times)]
