@@ -178,3 +178,13 @@ def test_zero3_runs_unchanged_on_torch():
     assert {e.stream for e in real.trace} == {0, 1}          # the prefetches ran as works
     for a, b in zip(sim.outputs, real.outputs):
         assert a[0] == b[0] and np.array_equal(a[1], b[1])
+
+
+def test_compute_time_per_unit():
+    res = ringlab.run(zero3_adam, [BATCHES[:1]] * 2, kwargs=dict(KW, compute_time=[1, 2, 3]))
+    assert [(c.label, c.get("layer"), c.duration) for c in res.trace.computes if c.rank == 0] == [
+        ("forward", "0", 1), ("forward", "2", 2), ("forward", "4", 3),
+        ("backward", "4", 6), ("backward", "2", 4), ("backward", "0", 2)]
+    with pytest.raises(ValueError, match="rank 0: compute_time has 2 entries, expected one "
+                                         "per unit: 3"):
+        ShardedModel(mlp_model(SIZES, np.random.default_rng(0)), 0, 2, compute_time=[1, 2])

@@ -81,7 +81,7 @@ class Unit:
         self.name, self.layers, self.compute_time = name, layers, compute_time
         self.rank, self.world_size = rank, world_size
         flat = FlatBuffer(layers[0].params, pad_to=world_size)   # FSDP's FlatParameter
-        self.shapes, self.offsets = flat.shapes, flat.offsets
+        self.shapes, self.offsets, self.sizes = flat.shapes, flat.offsets, flat.sizes
         self.numel, self.padded = flat.numel, len(flat)
         self.shard = flat.shard(rank, world_size).copy()   # mine: parameters and master copy
         self.grad_shard = np.zeros_like(self.shard)        # my part of the summed gradient
@@ -98,6 +98,7 @@ class Unit:
         """Start this unit's AllGather on the communication stream (a no-op if
         its parameters are full or on their way)."""
         if self.full is None and self._prefetch is None:
+            # mem: alloc full params (the AllGather's output exists from now on)
             self._prefetch = comm.start(ring_allgather, self.shard)
 
     def unshard(self, comm):
@@ -108,12 +109,13 @@ class Unit:
         if self._prefetch is not None:
             full, self._prefetch = self._prefetch.wait(), None
         else:
-            full = ring_allgather(comm, self.shard)
-        self.full = full                                    # mem: alloc full params
+            full = ring_allgather(comm, self.shard)      # mem: alloc full params
+        self.full = full
         self.layer.params.update(self._views(self.full))
 
     def reshard(self, comm):
-        """Free the full parameters and gradients; only the shards stay."""
+        """Free the full parameters and gradients; only the shards stay.
+        (``comm``: to record the freed memory.)"""
         self._drop()                                        # mem: free full params (+ grads)
 
     def _drop(self):
@@ -122,8 +124,9 @@ class Unit:
             self.layer.params[name] = self.layer.grads[name] = None
 
     def _views(self, flat):
-        return {name: flat[start:start + np.prod(self.shapes[name], dtype=int)].reshape(
-                    self.shapes[name]) for name, start in self.offsets.items()}
+        """The layer's named arrays as views into a full flat vector."""
+        return {name: flat[start:start + self.sizes[name]].reshape(self.shapes[name])
+                for name, start in self.offsets.items()}
 
     # -- compute ---------------------------------------------------------------------------------
     def forward(self, comm, x):
@@ -175,7 +178,11 @@ class ShardedModel:
                 raise ValueError(f"rank {rank}: layer {i} ({type(layer).__name__}) has no "
                                  f"parameters and no unit before it; the first layer must "
                                  f"have some")
-        times = np.broadcast_to(compute_time, len(groups))
+        times = np.broadcast_to(compute_time, len(groups)) if np.ndim(compute_time) == 0 \
+            else np.asarray(compute_time)
+        if len(times) != len(groups):
+            raise ValueError(f"rank {rank}: compute_time has {len(times)} entries, expected one "
+                             f"per unit: {len(groups)} (or one number)")
         self.units = [Unit(name, layers, rank, world_size, t)
                       for (name, layers), t in zip(groups, times)]
 
