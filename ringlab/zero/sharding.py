@@ -57,3 +57,12 @@ def load_flat(named_params, flat):
     for p in named_params.values():
         p[...] = flat[offset:offset + p.size].reshape(p.shape)   # casts to p's dtype
         offset += p.size
+
+
+def check_shard(comm, master, grad_shard):
+    """The optimizer's shard must be the one the ReduceScatter delivers: same length."""
+    if len(master) != len(grad_shard):
+        raise ValueError(f"rank {comm.rank}, step {comm.step}: the optimizer holds "
+                         f"{len(master)} master weights but this rank's gradient shard has "
+                         f"{len(grad_shard)}; build it from master_shard(..., rank, world_size) "
+                         f"with this world's size")

@@ -35,7 +35,7 @@ import numpy as np
 from ..collectives import ring_allgather, ring_reduce_scatter
 from ..data_parallel.sync_sgd import local_gradient, shard
 from ..nn import Adam, flatten, mlp_model, mse
-from .sharding import load_flat, master_shard
+from .sharding import check_shard, load_flat, master_shard
 
 
 def zero1_step(comm, model, opt, x, y, batch_size, loss_fn=mse):
@@ -51,6 +51,7 @@ def zero1_step(comm, model, opt, x, y, batch_size, loss_fn=mse):
     my_grad = ring_reduce_scatter(comm, grads.data)
     # memory: the full flat gradient is no longer needed here (later: comm.free)
     master = opt.params["param"]
+    check_shard(comm, master, my_grad)
     opt.step(my_grad.astype(master.dtype))     # fp16 grads -> fp32 master, in mixed precision
     # Every rank sends its updated shard in the model's precision and receives the others.
     load_flat(model.named_parameters(), ring_allgather(comm, master.astype(grads.data.dtype)))

@@ -40,7 +40,7 @@ from ..collectives import ring_allgather, ring_reduce_scatter
 from ..data_parallel.buckets import BUCKET_CAP_BYTES, assign_buckets, loss_and_backward
 from ..data_parallel.sync_sgd import shard
 from ..nn import Adam, FlatBuffer, flatten, mlp_model, mse
-from .sharding import load_flat, padded_size
+from .sharding import check_shard, load_flat, padded_size
 
 
 class BucketShards:
@@ -108,6 +108,7 @@ def zero2_step(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
     # what is left of the gradients is my_grad, 1/N of them.
     buckets = None
     master = opt.params["param"]
+    check_shard(comm, master, my_grad)
     opt.step(my_grad.astype(master.dtype))
     params = model.named_parameters()
     dtype = next(iter(params.values())).dtype
