@@ -70,25 +70,31 @@ def timed_backward(comm, model, x, y, flops_per_second, loss_fn=mse):
     layer first (a ``compute`` event of 2x that layer's forward FLOPs), and
     gives ``{name: gradient}`` for its parameters (layers without any are
     skipped). ``model``: a ``Sequential``."""
+    return loss_and_backward(comm, model, x, y, flops_per_second, loss_fn)[1]
+
+
+def loss_and_backward(comm, model, x, y, flops_per_second=None, loss_fn=mse):
+    """``timed_backward`` that also returns the loss: ``(loss, backward)``.
+    ``flops_per_second=None``: no ``compute`` events (no simulated time)."""
     model.zero_grad()
     shapes = []
     for i, layer in enumerate(model.layers):
         shapes.append(x.shape)
-        if layer.flops(x.shape):               # GeLU & co.: no matmul, no time counted
+        if flops_per_second and layer.flops(x.shape):   # GeLU & co.: no matmul, no time
             comm.compute(layer.flops(x.shape) / flops_per_second, "forward", layer=i)
         x = layer.forward(x)
-    _, dy = loss_fn(x, y)
+    loss, dy = loss_fn(x, y)
 
     def backward(dy):
         for i in reversed(range(len(model.layers))):
             layer = model.layers[i]
             # Backward does two matmuls per forward one: dW = x^T dy and dx = dy W^T.
-            if layer.flops(shapes[i]):
+            if flops_per_second and layer.flops(shapes[i]):
                 comm.compute(2 * layer.flops(shapes[i]) / flops_per_second, "backward", layer=i)
             dy = layer.backward(dy)
             if layer.grads:
                 yield {f"{i}.{k}": g for k, g in layer.grads.items()}
-    return backward(dy)
+    return loss, backward(dy)
 
 
 def _average(comm, flat):
