@@ -187,7 +187,8 @@ class Comm:
             why = (f"holds only {have} bytes under {label!r}" if have
                    else f"holds nothing under {label!r}")
             raise CommError(f"rank {self._me.rank}, step {self._me.clock}: {call}: this rank {why} "
-                            f"(all it holds: {held}). Hint: free what you alloc, under the same label")
+                            f"(all it holds: {held}). Hint: free what you alloc, "
+                            f"under the same label")
         if n == have:
             del held[label]         # so an error lists only what is really held
         else:

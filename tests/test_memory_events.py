@@ -259,7 +259,8 @@ def test_side_by_side_shares_the_byte_scale_and_the_colours():
         comm.compute(1.0)
         comm.alloc("grads", 8 * n)
 
-    runs = {"DP": ringlab.run(plain, [100] * 2).trace, "ZeRO-2": ringlab.run(zero_like, [100] * 2).trace}
+    runs = {"DP": ringlab.run(plain, [100] * 2).trace,
+            "ZeRO-2": ringlab.run(zero_like, [100] * 2).trace}
     axes = plot_memory_side_by_side(runs, rank=1)
     assert [ax.get_title() for ax in axes] == ["DP: peak 1.6 kB", "ZeRO-2: peak 1.2 kB"]
     assert axes[0].get_ylim() == axes[1].get_ylim() == (0, 1600 * 1.08)
