@@ -154,6 +154,62 @@ class Comm:
                             f"needs a number of seconds >= 0")
         self._world._compute(self, float(seconds), label, meta)
 
+    # -- memory ----------------------------------------------------------------------
+    def alloc(self, label, nbytes):
+        """Say that this rank now holds ``nbytes`` more bytes under ``label``
+        ("params", "grads", "adam.m", "params.layer3", ...); an array counts its
+        ``nbytes``. Nothing is allocated: the trace records a ``MemoryEvent`` at
+        this rank's simulated time, and ``trace.peak_memory()`` adds them up.
+
+            >>> import numpy as np, ringlab
+            >>> def step(comm, w):
+            ...     comm.alloc("params", w)             # 8 float64: 64 bytes
+            ...     comm.compute(1.0, "backward")
+            ...     comm.alloc("grads", w)
+            ...     comm.compute(0.5, "update")
+            ...     comm.free("grads")
+            >>> trace = ringlab.run(step, [np.ones(8)] * 2).trace
+            >>> trace.memory_timeline(0)
+            [(0.0, 64), (1.0, 128), (1.5, 64)]
+        """
+        n = self._nbytes("alloc", label, nbytes)
+        self._held()[label] = self._held().get(label, 0) + n
+        self._world._memory(self, label, n)
+
+    def free(self, label, nbytes=None):
+        """Give back ``nbytes`` (an int or an array) of what this rank holds under
+        ``label``; ``None``: all of it."""
+        held = self._held()
+        have = held.get(label, 0)
+        n = have if nbytes is None else self._nbytes("free", label, nbytes)
+        if n > have or not have:
+            call = f"free({label!r})" if nbytes is None else f"free({label!r}, {n})"
+            why = (f"holds only {have} bytes under {label!r}" if have
+                   else f"holds nothing under {label!r}")
+            raise CommError(f"rank {self._me.rank}, step {self._me.clock}: {call}: this rank {why} "
+                            f"(all it holds: {held}). Hint: free what you alloc, "
+                            f"under the same label")
+        if n == have:
+            del held[label]         # so an error lists only what is really held
+        else:
+            held[label] = have - n
+        self._world._memory(self, label, -n)
+
+    def _held(self):
+        """``{label: bytes}`` this rank holds: one ledger per rank, for all its streams."""
+        return self._world.held.setdefault(self._me.rank, {})
+
+    def _nbytes(self, call, label, nbytes):
+        where = f"rank {self._me.rank}, step {self._me.clock}"
+        if not isinstance(label, str):
+            raise CommError(f"{where}: {call}(label={label!r}) needs a str label, such as "
+                            f"'params' or 'adam.m'")
+        n = getattr(nbytes, "nbytes", nbytes)       # an array counts its bytes
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise CommError(f"{where}: {call}({label!r}, {nbytes!r}) needs a number of bytes "
+                            f"(an int >= 0) or an array")
+        return int(n)
+
     def start(self, fn, *args, **kwargs):
         """Run ``fn(comm, *args, **kwargs)`` on this rank's communication stream,
         concurrently with the program (like ``dist.all_reduce(..., async_op=True)``).

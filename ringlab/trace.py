@@ -139,16 +139,44 @@ class Compute(NamedTuple):
         return dict(self.meta).get(key, default)
 
 
+class MemoryEvent(NamedTuple):
+    """``rank`` took (``nbytes > 0``, ``comm.alloc``) or gave back (``nbytes < 0``,
+    ``comm.free``) memory under ``label`` at simulated second ``time``; ``step``
+    is its step clock then, ``stream`` the stream that said so."""
+
+    rank: int
+    label: str
+    nbytes: int
+    time: float
+    step: int = 0
+    stream: int = 0
+
+
+def _memory_order(m: MemoryEvent):
+    # Sorted stably: events of one rank at one time keep the order they were
+    # made in, its program's and its works' interleaved as they ran (a work
+    # frees a bucket, then the program takes the next one). Sorting by stream
+    # would put that alloc before that free and show a peak that never was.
+    return (m.time, m.rank)
+
+
+def _group(label):
+    """"params.layer3" -> "params": the part before the first dot."""
+    return label.split(".", 1)[0]
+
+
 class Trace:
     """The events of one run, in canonical order. Iterable, indexable, comparable."""
 
-    def __init__(self, events, world_size, spans=(), unreceived=(), computes=(), groups=None):
+    def __init__(self, events, world_size, spans=(), unreceived=(), computes=(), groups=None,
+                 memory=()):
         self.events = sorted(events, key=_order)
         self.group_ranks = dict(groups or {})     # label -> global ranks, of every group made
         self.unreceived = sorted(unreceived, key=_order)   # sent, never received
         self.world_size = world_size
         self.spans = sorted(spans, key=lambda s: (s.start, s.t_start, s.rank, s.stream, s.path))
         self.computes = sorted(computes, key=lambda c: (c.start, c.rank, c.stream, c.step))
+        self.memory = sorted(memory, key=_memory_order)     # MemoryEvents (comm.alloc/free)
 
     # -- sequence protocol -------------------------------------------------
     def __iter__(self):
@@ -162,7 +190,7 @@ class Trace:
 
     def __eq__(self, other):
         return (isinstance(other, Trace) and self.world_size == other.world_size
-                and self.events == other.events)
+                and self.events == other.events and self.memory == other.memory)
 
     def __repr__(self):
         return f"<Trace: {len(self)} messages, {self.steps} steps, world_size={self.world_size}>"
@@ -241,8 +269,10 @@ class Trace:
                     and (step is None or e.step == step) and (group is ... or e.group == group))
         spans = [s for s in self.spans if (span is None or span in s.path.split("/"))
                  and (group is ... or s.group == group)]
-        computes = self.computes if span is None and group is ... and src is None else []
-        return Trace([e for e in self.events if keep(e)], self.world_size, spans, (), computes)
+        whole_ranks = span is None and group is ... and src is None
+        computes, memory = (self.computes, self.memory) if whole_ranks else ([], [])
+        return Trace([e for e in self.events if keep(e)], self.world_size, spans, (), computes,
+                     memory=memory)
 
     def collectives(self):
         """The coarse view: one row per collective call, with its steps and bytes.
@@ -273,6 +303,49 @@ class Trace:
         rows = sorted(calls.values(), key=lambda r: (r["start"], -r["end"], r["span"].count("/")))
         return [dict(r, ranks=sorted(r["ranks"])) for r in rows]
 
+    # -- memory ----------------------------------------------------------------
+    def memory_timeline(self, rank):
+        """``[(time, bytes held after), ...]``: one pair per ``comm.alloc``/``free``
+        of ``rank``, in order. Two events at one time give two pairs, so a
+        buffer taken and given back at once still counts toward the peak.
+
+            >>> t = Trace([], 1, memory=[MemoryEvent(0, "params", 800, 0.0),
+            ...                          MemoryEvent(0, "grads", 800, 1.0),
+            ...                          MemoryEvent(0, "grads", -800, 2.0)])
+            >>> t.memory_timeline(0)
+            [(0.0, 800), (1.0, 1600), (2.0, 800)]
+            >>> t.peak_memory(), t.memory_by_label(0)
+            (1600, {'params': 800, 'grads': 800})
+        """
+        out, held = [], 0
+        for m in self.memory:
+            if m.rank == rank:
+                held += m.nbytes
+                out.append((m.time, held))
+        return out
+
+    def peak_memory(self, rank=None):
+        """The most bytes ``rank`` ever held (``rank=None``: the most of any rank)."""
+        ranks = range(self.world_size) if rank is None else [rank]
+        return max((b for r in ranks for _, b in self.memory_timeline(r)), default=0)
+
+    def memory_by_label(self, rank, time=None, *, group_labels=False):
+        """``{label: bytes}`` that ``rank`` holds at simulated second ``time``
+        (after every event at that time), or by default just after the event
+        that reached its peak. Labels holding nothing are left out.
+        ``group_labels=True`` adds "params.layer3" to "params"."""
+        mine = [m for m in self.memory if m.rank == rank]
+        if time is None:
+            totals = [b for _, b in self.memory_timeline(rank)]
+            upto = totals.index(max(totals)) + 1 if totals else 0
+            mine = mine[:upto]
+        else:
+            mine = [m for m in mine if m.time <= time]
+        held = defaultdict(int)
+        for m in mine:
+            held[_group(m.label) if group_labels else m.label] += m.nbytes
+        return {label: b for label, b in held.items() if b}
+
     # -- comparing -----------------------------------------------------------
     def diff(self, other, limit=5):
         """A readable description of how two traces differ ('' if equal)."""
@@ -286,6 +359,12 @@ class Trace:
                     break
         if len(self) != len(other):
             lines.append(f"{len(self)} events != {len(other)} events")
+        for a, b in zip(self.memory, other.memory):
+            if a != b:
+                lines.append(f"memory: {a} != {b}")
+                break
+        if len(self.memory) != len(other.memory):
+            lines.append(f"{len(self.memory)} memory events != {len(other.memory)} memory events")
         return "\n".join(lines)
 
     # -- export --------------------------------------------------------------
@@ -293,7 +372,8 @@ class Trace:
         return {"world_size": self.world_size,
                 "events": [e.to_dict() for e in self.events],
                 "spans": [asdict(s) for s in self.spans],
-                "computes": [c._asdict() for c in self.computes]}
+                "computes": [c._asdict() for c in self.computes],
+                "memory": [m._asdict() for m in self.memory]}
 
     def to_json(self, **kw):
         return json.dumps(self.to_dict(), **kw)
@@ -303,7 +383,9 @@ class Trace:
         d = json.loads(text) if isinstance(text, str) else text
         spans = [Span(**dict(s, group=_tuples(s.get("group")))) for s in d.get("spans", [])]
         computes = [Compute(**dict(c, meta=_tuples(c.get("meta", ())))) for c in d.get("computes", [])]
-        return cls([Event.from_dict(e) for e in d["events"]], d["world_size"], spans, (), computes)
+        memory = [MemoryEvent(**m) for m in d.get("memory", [])]
+        return cls([Event.from_dict(e) for e in d["events"]], d["world_size"], spans, (), computes,
+                   memory=memory)
 
     def show(self, **options):
         """An interactive player for this trace (displays in a notebook; see

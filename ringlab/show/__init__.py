@@ -1,5 +1,6 @@
 """Ways to look at a trace: ``views`` (holdings tables), ``figures`` (matplotlib),
-``timeline`` (per-rank Gantt charts and the Perfetto export), ``player`` (the
+``timeline`` (per-rank Gantt charts and the Perfetto export), ``memory`` (what each
+rank holds over time, from ``comm.alloc``/``free``), ``player`` (the
 interactive offline player) and ``widgets`` (live panels in a notebook).
 
 ``plot_gantt`` is here too, as the chapters on overlap and pipelines use it most, and
@@ -10,6 +11,12 @@ def plot_gantt(trace, ax=None, **options):
     """``ringlab.show.timeline.plot_gantt``: a per-rank timeline of compute and messages."""
     from .timeline import plot_gantt as plot    # lazy: importing ringlab needs no matplotlib
     return plot(trace, ax, **options)
+
+
+def plot_memory(trace, ranks=None, ax=None, **options):
+    """``ringlab.show.memory.plot_memory``: the bytes a rank holds over time, by label."""
+    from .memory import plot_memory as plot     # lazy, as above
+    return plot(trace, ranks, ax, **options)
 
 
 def contributions(res, inputs):

@@ -167,7 +167,9 @@ def to_chrome_trace(trace, time_model=None, *, flows=True):
     - ``stream 1 calls``, ``stream 1 compute``: the same for the works started
       with ``comm.start``, which run beside the program (only if there are any);
     - ``send`` and ``recv``: one slice per message (extra ``send 2``/``recv 2``
-      lanes only if a time model makes slices overlap).
+      lanes only if a time model makes slices overlap);
+    - ``memory``: a counter of the bytes it holds, one series per label
+      (``comm.alloc``/``free``; only if it has any), stacked in chrome://tracing.
 
     Messages carry step, chunk, op, bytes, span, tag, group and stream as args;
     ``flows=True`` adds an arrow from each send to its receive. Times are
@@ -246,13 +248,26 @@ def to_chrome_trace(trace, time_model=None, *, flows=True):
                             **{k: _jsonable(v) for k, v in x.meta}}
                 out.append({"name": name, "cat": cat, "ph": "X", "ts": t0 * us, "dur": dur * us,
                             "pid": pid[r], "tid": where[r, kind, j], "args": args})
+    out += _memory_counters(trace, pid, us)
     # Per track in time order; at equal times the longer slice first, so that an
     # enclosing slice (a span) comes before what it encloses, and a flow after its slice.
-    order = {"X": 0, "s": 1, "f": 1}
+    order = {"X": 0, "C": 0, "s": 1, "f": 1}
     out.sort(key=lambda ev: (ev["pid"], ev["tid"], ev["ts"], order[ev["ph"]], -ev.get("dur", 0)))
     return {"traceEvents": meta + out, "displayTimeUnit": "ms",
             "otherData": {"world_size": trace.world_size, "steps": trace.steps,
                           "time_model": repr(model)}}
+
+
+def _memory_counters(trace, pid, us):
+    """One "C" (counter) event per memory event: every label the rank ever
+    held, with its bytes after that event (0 once freed, so the series drop)."""
+    out, held = [], defaultdict(dict)           # rank -> {label: bytes}
+    for m in trace.memory:
+        mine = held[m.rank]
+        mine[m.label] = mine.get(m.label, 0) + m.nbytes
+        out.append({"name": "memory", "cat": "memory", "ph": "C", "ts": m.time * us,
+                    "pid": pid[m.rank], "tid": 0, "args": dict(mine)})
+    return out
 
 
 def _meta(what, pid, tid, **args):

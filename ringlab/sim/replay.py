@@ -18,6 +18,8 @@ the log (program or work):
 * ``("new_group", parent, ranks, name)`` (``ranks`` in the parent's numbers);
   ``("agree", group, what, value)``: a barrier or split;
 * ``("compute", seconds)``: simulated time orders the ports, so it is replayed;
+* ``("memory", label, nbytes)``: a ``comm.alloc`` (``nbytes > 0``) or ``free``,
+  replayed to get its simulated time and step;
 * ``("start", i, group)``: start work i; ``("wait_work", i)``.
 
     >>> logs = [([("send", 1, 0, None), ("send", 2, 0, None)], []),
@@ -73,6 +75,8 @@ def _replay(comm, log, work_logs, works, posted):
             comms[group]._world._agree(comms[group], value, what)
         elif kind == "compute":
             comm.compute(op[1])
+        elif kind == "memory":
+            comm._world._memory(comm, op[1], op[2])
         elif kind == "start":
             _, i, group = op
             works[i] = comms[group].start(_replay, work_logs[i], work_logs, works, work_posted)
@@ -95,14 +99,14 @@ def _channel(e):
     return (e.group, e.stream, e.src, e.dst, e.tag, e.seq)
 
 
-def restamp(events, spans, logs):
-    """``events`` and ``spans`` with the one-port steps of the replayed ``logs``;
-    unchanged if the logs do not replay."""
+def restamp(events, spans, memory, logs):
+    """``events``, ``spans`` and ``memory`` with the one-port steps (and
+    simulated times) of the replayed ``logs``; unchanged if the logs do not replay."""
     trace = replay(logs)
     if trace is None:
-        return events, spans
+        return events, spans, memory
     steps = {_channel(e): e.step for e in trace.events}
     if len(steps) != len(events) or any(_channel(e) not in steps for e in events):
-        return events, spans
+        return events, spans, memory
     events = [e._replace(step=steps[_channel(e)]) for e in events]
-    return events, trace.spans
+    return events, trace.spans, trace.memory

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..comm import ANY, Comm, Group, mismatch, dtype_name
 from ..errors import CommError, Wait
-from ..trace import Compute, Event, Span, Trace
+from ..trace import Compute, Event, MemoryEvent, Span, Trace
 
 MODES = ("buffered", "rendezvous")
 # Ranks that refused to unwind. Kept alive on purpose: collecting a suspended
@@ -162,7 +162,8 @@ class World:
         self.streams = {}                     # (gid, rank) -> the last Work started there
         self.works = []
         self.channels = defaultdict(_Channel)  # (gid, stream, src, dst, tag) -> _Channel
-        self.events, self.computes = [], []
+        self.events, self.computes, self.memory = [], [], []
+        self.held = {}                        # rank -> {label: bytes}: comm.alloc's ledger
         self.payloads = {} if record_payloads else None
         self.heap, self.pushes = [], 0
         self.any_waiters = []
@@ -439,6 +440,10 @@ class World:
         # started before a buffer is written sends the buffer as it was then.
         self._sync(me)
 
+    def _memory(self, comm, label, nbytes):
+        me = comm._me       # memory takes no time: just a note at the rank's time and step
+        self.memory.append(MemoryEvent(me.rank, label, nbytes, me.time, me.clock, me.stream))
+
     def _span(self, me, path, start, t_start, group):
         return Span(me.rank, path, start, me.clock, group, me.stream, t_start, me.time)
 
@@ -556,7 +561,7 @@ class World:
 
     def trace(self):
         """The run's trace so far (a failed run's errors carry it too, to explain
-        where it stopped): messages, spans, computes, unreceived messages, groups."""
+        where it stopped): messages, spans, computes, unreceived messages, groups, memory."""
         groups = {g.label: g.ranks for g in self.groups.values() if g.label is not None}
         return Trace(self.events, self.world_size, [s for me in self.all_actors() for s in me.spans],
-                     self.unreceived(), self.computes, groups)
+                     self.unreceived(), self.computes, groups, self.memory)

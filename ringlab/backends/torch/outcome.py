@@ -24,6 +24,7 @@ class Outcome:
     log: list = field(default_factory=list)          # what the program did (sim.replay)
     work_logs: list = field(default_factory=list)    # what each comm.start work did, in start order
     computes: list = field(default_factory=list)     # Compute events (real seconds)
+    memory: list = field(default_factory=list)       # MemoryEvents (comm.alloc/free)
     received: dict = field(default_factory=dict)     # (group, stream, src, tag) -> count, incl. unwaited irecvs
     unwaited: dict = field(default_factory=dict)
     error: BaseException | None = None
@@ -45,14 +46,18 @@ def leftovers(outcomes):
 
 def merged_trace(outcomes):
     """The run's trace, from every rank's Outcome (in rank order): all events
-    and spans, and as ``unreceived`` the messages nobody received. Steps come
-    from replaying the ranks' logs in the simulator (see ``sim.replay``)."""
+    and spans, and as ``unreceived`` the messages nobody received. Steps (and
+    the memory events' simulated times) come from replaying the ranks' logs in
+    the simulator (see ``sim.replay``)."""
     events = [e for o in outcomes for e in o.events]
     spans = [s for o in outcomes for s in o.spans]
+    memory = [m for o in outcomes for m in o.memory]
     left = leftovers(outcomes)
     if not left:
-        events, spans = restamp(events, spans, [(o.log, o.work_logs) for o in outcomes])
-    return Trace(events, len(outcomes), spans, left, [c for o in outcomes for c in o.computes])
+        events, spans, memory = restamp(events, spans, memory,
+                                        [(o.log, o.work_logs) for o in outcomes])
+    return Trace(events, len(outcomes), spans, left, [c for o in outcomes for c in o.computes],
+                 memory=memory)
 
 
 def drain_plan(outcomes):

@@ -51,7 +51,7 @@ import numpy as np
 import torch.distributed as dist
 
 from ...errors import CommError
-from ...trace import Compute, Event, Span
+from ...trace import Compute, Event, MemoryEvent, Span
 from ...comm import Comm, Group, payload_key, dtype_name as _dtype_name, mismatch as _mismatch
 from ...sim.world import Actor
 from . import status as st
@@ -140,7 +140,8 @@ class ProcessWorld:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.me = _Actor(rank)                    # this process's program
         self.ranks = {rank: self.me}              # as the simulator's world has them, for Comm
-        self.events, self.computes = [], []
+        self.events, self.computes, self.memory = [], [], []
+        self.held = {}                            # rank -> {label: bytes}: comm.alloc's ledger
         self.payloads = {} if record_payloads else None   # payload_key -> array, for graders
         self.log = self.me.log                    # what the program did, for sim.replay
         self.world_group = Group(tuple(range(world_size)), None, 0)
@@ -330,6 +331,13 @@ class ProcessWorld:
         self.computes.append(Compute(me.rank, label, now, now, me.clock, me.stream,
                                      tuple(sorted(meta.items()))))
 
+    def _memory(self, comm, label, nbytes):
+        # Recorded at time 0 with a causal step; the replay (sim.replay) gives
+        # it the simulator's time and step, as it does the spans.
+        me = comm._me
+        me.log.append(("memory", label, nbytes))
+        self.memory.append(MemoryEvent(me.rank, label, nbytes, me.time, me.clock, me.stream))
+
     def _span(self, me, path, start, t_start, group):
         return Span(me.rank, path, start, me.clock, group, me.stream, t_start, me.time)
 
@@ -448,7 +456,7 @@ class ProcessWorld:
         spans = list(me.spans) + [s for w in list(self.works) for s in w.actor.spans]
         return Outcome(self.rank, events=list(self.events), spans=spans, log=list(self.log),
                        work_logs=[list(w.actor.log) for w in list(self.works)],
-                       computes=list(self.computes), received=received,
+                       computes=list(self.computes), memory=list(self.memory), received=received,
                        unwaited=unwaited, step=me.clock, payloads=self.payloads, **fields)
 
     def finish(self, drain=None):
