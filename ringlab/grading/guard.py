@@ -94,15 +94,23 @@ def changed_in_place(result, handed):
     return sorted(changed, key=lambda e: (e.step, e.src))
 
 
-def without_guard_frames(text):
-    """A program traceback without the guard's own lines (the learner's code
-    called ``comm.recv``; the guard is not theirs to read)."""
-    lines, out, skip = text.splitlines(keepends=True), [], False
-    for line in lines:
+def without_frames(text, fragment):
+    """A traceback without the frames of files whose path contains ``fragment``
+    (a grader's driver, the guard): the learner's code is theirs to read, ours not."""
+    if not text:
+        return text
+    out, skip = [], False
+    for line in str(text).splitlines(keepends=True):
         if line.startswith('  File "'):
-            skip = __file__ in line
+            skip = fragment in line.replace("\\", "/")
         elif not line.startswith("    "):
             skip = False
         if not skip:
             out.append(line)
     return "".join(out)
+
+
+def without_guard_frames(text):
+    """A program traceback without the guard's own lines (the learner's code
+    called ``comm.recv``; the guard is not theirs to read)."""
+    return without_frames(text, __file__.replace("\\", "/"))

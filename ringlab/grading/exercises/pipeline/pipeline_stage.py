@@ -56,6 +56,7 @@ import numpy as np
 
 import ringlab
 from . import problem, problem_text
+from ...guard import without_frames
 from ...report import Case, Failure, numbers, run_case
 from ..data_parallel import callable_learner
 from ....errors import DeadlockError
@@ -254,17 +255,7 @@ def check(program, case, backend="sim"):
 
 def without_our_frames(text):
     """A traceback without the driver's frames: the learner's code is theirs to read."""
-    if not text:
-        return text
-    out, skip = [], False
-    for line in str(text).splitlines(keepends=True):
-        if line.startswith('  File "'):
-            skip = "grading/exercises/pipeline/" in line.replace("\\", "/")
-        elif not line.startswith("    "):
-            skip = False
-        if not skip:
-            out.append(line)
-    return "".join(out)
+    return without_frames(text, "grading/exercises/pipeline/")
 
 
 def _explain(failure, case):

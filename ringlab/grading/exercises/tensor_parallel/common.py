@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...guard import without_frames
 from ...report import Case, Failure, numbers, plain_array, run_case
 from ..data_parallel import callable_learner
 from ....errors import RankError
@@ -225,17 +226,7 @@ def _raised(failure, want):
 
 def _without_our_frames(text):
     """A traceback without this driver's frames: the learner's code is theirs to read, ours not."""
-    if not text:
-        return text
-    out, skip = [], False
-    for line in str(text).splitlines(keepends=True):
-        if line.startswith('  File "'):
-            skip = "grading/exercises/tensor_parallel/" in line.replace("\\", "/")
-        elif not line.startswith("    "):
-            skip = False
-        if not skip:
-            out.append(line)
-    return "".join(out)
+    return without_frames(text, "grading/exercises/tensor_parallel/")
 
 
 def who(case, g):
