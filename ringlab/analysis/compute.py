@@ -53,7 +53,8 @@ def flops_per_iteration(model, batch, recompute="none"):
     s = model.seq_len
     passes = 3 * batch * s * forward_flops_per_token(model)
     if recompute == "full":
-        passes += batch * s * model.layers * (2 * layer_matrix_entries(model) + 4 * s * model.hidden)
+        layer = 2 * layer_matrix_entries(model) + 4 * s * model.hidden
+        passes += batch * s * model.layers * layer
     elif recompute == "selective":
         passes += batch * s * model.layers * 4 * s * model.hidden
     return passes

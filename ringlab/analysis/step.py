@@ -171,13 +171,16 @@ def analyze(model, layout, hardware):
     model_flops = flops_per_iteration(model, lay.global_batch, "none")
     m, p, v = lay.microbatches, lay.pp, lay.interleave
     compute = compute_seconds(flops, lay.gpus, hw)
-    tp = sum(c.seconds for c in all_comms if c.kind.startswith("tp_") and c.kind != "tp_sp_grad_sync")
+    tp = sum(c.seconds for c in all_comms
+             if c.kind.startswith("tp_") and c.kind != "tp_sp_grad_sync")
     per_mb = (compute + tp) / m                       # T: one microbatch on one stage
     bubble = bubble_fraction(lay)
     pipeline = m * per_mb * (1 + bubble)
     pp_msg = [c for c in all_comms if c.kind == "pp_send"]
-    pp_exposed = (pp_exposed_messages(p, m, v, lay.schedule) * pp_msg[0].time_one(*link_cost(hw, pp_msg[0].link))
-                  if pp_msg else 0.0)
+    pp_exposed = 0.0
+    if pp_msg:
+        one = pp_msg[0].time_one(*link_cost(hw, pp_msg[0].link))
+        pp_exposed = pp_exposed_messages(p, m, v, lay.schedule) * one
     # the windows data-parallel communication can hide in
     backward_share = 0.75 if lay.recompute == "full" else 2 / 3
     last_backward = compute / m * backward_share
