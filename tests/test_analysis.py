@@ -139,7 +139,8 @@ def test_tp_inside_dp_mesh_bytes(sp):
 
 
 PIPELINES = [(2, 4, 1, "1f1b"), (4, 8, 1, "1f1b"), (3, 9, 1, "1f1b"), (4, 16, 1, "1f1b"),
-             (4, 8, 1, "gpipe"), (2, 4, 2, "1f1b"), (4, 8, 2, "1f1b"), (3, 6, 2, "1f1b")]
+             (4, 8, 1, "gpipe"), (2, 4, 2, "1f1b"), (4, 8, 2, "1f1b"), (3, 6, 2, "1f1b"),
+             (4, 1, 1, "1f1b"), (4, 2, 1, "1f1b"), (8, 4, 1, "1f1b"), (8, 16, 1, "1f1b")]
 
 
 @pytest.mark.parametrize("p,m,v,schedule", PIPELINES)

@@ -12,7 +12,8 @@ What the step time is made of, and what is assumed to overlap (Megatron-LM
   pipeline messages that are not hidden: GPipe and interleaved 1F1B expose
   the fill and the drain, ``2 (v p - 1)`` message times; plain 1F1B, whose
   steady state has no slack, exposes the round trip of a gradient too:
-  ``2 (p-1) + 2 (p-2) + 2 (p-1)(m-p)/p`` message times (m >= p). These hold
+  ``2 (p-1) + 2 (min(m, p) - 2) + 2 (p-1)(m-p)/p`` message times (the last
+  two terms only where positive). These hold
   when a message takes less than a forward; they are what ringlab's
   simulator gives, checked in ``tests/test_analysis.py``;
 * data parallelism: an AllReduce or ReduceScatter of the gradients runs under
@@ -57,8 +58,9 @@ def pp_exposed_messages(p, m, v=1, schedule="1f1b"):
         return 0
     if schedule == "gpipe" or v > 1:
         return 2 * (v * p - 1)
-    m = max(m, p)
-    return 2 * (p - 1) + 2 * (p - 2) + 2 * (p - 1) * (m - p) / p
+    # fill and drain; one more round trip per microbatch in flight past the second;
+    # in the steady state 2 (p-1) links crossed every p microbatches
+    return 2 * (p - 1) + 2 * max(min(m, p) - 2, 0) + 2 * (p - 1) * max(m - p, 0) / p
 
 
 def bubble_fraction(layout):
