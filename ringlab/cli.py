@@ -4,6 +4,8 @@
                                   their output (see ringlab/grading/trusted.py); --csv FILE,
                                   --json FILE: one row per notebook and exercise, for a class
     ringlab make-exercises        regenerate exercises/ from solutions/ (--check: only compare)
+    ringlab analyze               bytes, times, bubble, memory and MFU of one training step
+                                  (ringlab/analysis); --json for the whole report
 
 ``grade`` exits 0 only if every exercise of every notebook passed.
 """
@@ -118,6 +120,11 @@ def _make_exercises(args):
     return 1 if (args.check and changed) else 0
 
 
+def _analyze(args):
+    from .analysis.cli import run_analyze
+    return run_analyze(args)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="ringlab", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -137,6 +144,10 @@ def main(argv=None):
     m.add_argument("--root", default=".")
     m.add_argument("--check", action="store_true", help="only report notebooks that would change")
     m.set_defaults(func=_make_exercises)
+    from .analysis.cli import add_arguments
+    a = sub.add_parser("analyze", help="analyze one training step of a parallel layout")
+    add_arguments(a)
+    a.set_defaults(func=_analyze)
     args = parser.parse_args(argv)
     return args.func(args)
 

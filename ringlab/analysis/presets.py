@@ -1,0 +1,110 @@
+"""Published models, clusters and configurations, with where their numbers come from.
+
+``MODELS``: shapes. ``HARDWARE``: clusters. ``MEGATRON_2021``: the rows of
+Table 1 of Narayanan et al., "Efficient Large-Scale Language Model Training on
+GPU Clusters Using Megatron-LM", SC21 (arXiv:2104.04473): GPT models with
+V = 51,200 and s = 2048 on Selene (DGX A100, 80 GB), tensor size t,
+pipeline size p, n GPUs, global batch B, and the throughput they report per
+GPU (TFLOP/s, by their equation 3, which assumes full recomputation).
+
+    >>> round(MODELS["gpt3-175b"].params / 1e9, 1)     # Brown et al. (2020): "175.0B"
+    174.6
+    >>> MEGATRON_2021[-1].name, MEGATRON_2021[-1].tflops_per_gpu
+    ('megatron-1008b', 163)
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .config import Hardware, Layout, Model
+
+MODELS = {
+    # Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1: 96 layers,
+    # d_model 12288, 96 heads of 128, context 2048; GPT-2's BPE vocabulary of 50257.
+    "gpt3-175b": Model("gpt3-175b", layers=96, hidden=12288, heads=96, seq_len=2048,
+                       vocab=50257, source="Brown et al. 2020, Table 2.1"),
+    # Touvron et al. 2023, "Llama 2", Table 1 and the model card / config.json:
+    # SwiGLU MLP, RMSNorm (no biases), rotary positions, untied output head,
+    # vocabulary 32000, context 4096; 70B uses grouped-query attention with 8 kv heads.
+    "llama2-7b": Model("llama2-7b", layers=32, hidden=4096, heads=32, seq_len=4096,
+                       vocab=32000, ffn=11008, gated=True, bias=False,
+                       learned_positions=False, tied_embeddings=False,
+                       source="Touvron et al. 2023; meta-llama/Llama-2-7b config"),
+    "llama2-70b": Model("llama2-70b", layers=80, hidden=8192, heads=64, kv_heads=8,
+                        seq_len=4096, vocab=32000, ffn=28672, gated=True, bias=False,
+                        learned_positions=False, tied_embeddings=False,
+                        source="Touvron et al. 2023; meta-llama/Llama-2-70b config"),
+}
+
+HARDWARE = {
+    # DGX A100 (Narayanan et al. 2021, sec. 5): 8 A100s per node on NVSwitch (NVLink 3:
+    # 600 GB/s per GPU both directions together, 300 each way), eight 200 Gb/s HDR
+    # InfiniBand NICs per node (25 GB/s per GPU), 312 TFLOP/s dense 16-bit.
+    # achieved = 0.75 is our assumption for the matmuls, fixed before any comparison.
+    "dgx-a100": Hardware("dgx-a100", gpus_per_node=8, intra_bw=300e9, inter_bw=25e9,
+                         intra_latency=5e-6, inter_latency=10e-6, peak_flops=312e12,
+                         achieved=0.75, memory=80e9),
+    # DGX H100: NVLink 4 (900 GB/s both directions, 450 each way), eight 400 Gb/s NICs,
+    # 989 TFLOP/s dense BF16.
+    "dgx-h100": Hardware("dgx-h100", gpus_per_node=8, intra_bw=450e9, inter_bw=50e9,
+                         intra_latency=5e-6, inter_latency=10e-6, peak_flops=989e12,
+                         achieved=0.75, memory=80e9),
+}
+
+
+class Published(NamedTuple):
+    """One row of Narayanan et al. (2021), Table 1."""
+
+    name: str
+    billions: float
+    heads: int
+    hidden: int
+    layers: int
+    tp: int
+    pp: int
+    gpus: int
+    batch: int
+    tflops_per_gpu: int
+
+    def model(self):
+        return Model(self.name, layers=self.layers, hidden=self.hidden, heads=self.heads,
+                     seq_len=2048, vocab=51200,
+                     source="Narayanan et al. 2021, Table 1")
+
+    def layout(self):
+        """The row's t, p, n and B. Not stated in the table, our assumptions: one
+        sequence per microbatch, no interleaving, full recomputation (what equation
+        3 counts), the scatter/gather optimization (sec. 4.1) and no overlap of the
+        data-parallel gradient AllReduce."""
+        return Layout(dp=self.gpus // (self.tp * self.pp), tp=self.tp, pp=self.pp,
+                      micro_batch=1, global_batch=self.batch, recompute="full",
+                      pp_scatter_gather=True, overlap_dp=False)
+
+
+MEGATRON_2021 = [Published(*row) for row in [
+    # name             B params heads hidden layers t  p    n     B     TFLOP/s per GPU
+    ("megatron-1.7b", 1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
+    ("megatron-3.6b", 3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
+    ("megatron-7.5b", 7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
+    ("megatron-18.4b", 18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
+    ("megatron-39.1b", 39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
+    ("megatron-76.1b", 76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    ("megatron-145.6b", 145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
+    ("megatron-310.1b", 310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
+    ("megatron-529.6b", 529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
+    ("megatron-1008b", 1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+]]
+
+for _row in MEGATRON_2021:
+    MODELS[_row.name] = _row.model()
+# The ZeRO paper's 7.5B model (Rajbhandari et al. 2020, Figure 1: Psi = 7.5B): we take
+# the shape of Table 1's 7.5B row, whose equation-2 count is 7.47B.
+MODELS["zero-7.5b"] = MODELS["megatron-7.5b"]
+
+
+def megatron_comparison(hardware=None):
+    """``[(row, report)]``: the analyzer on every Table 1 configuration."""
+    from .step import analyze
+    hw = hardware or HARDWARE["dgx-a100"]
+    return [(row, analyze(row.model(), row.layout(), hw)) for row in MEGATRON_2021]
