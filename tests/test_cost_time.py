@@ -157,8 +157,9 @@ def test_crossover_is_exact_and_splits_the_winners(n):
     exact = lambda t, m: t.latency * Fraction(alpha) + t.bandwidth * m * Fraction(beta)
     assert exact(ta, x) == exact(tb, x)                       # a tie, exactly
     below, above = float(x) * 0.9, float(x) * 1.1
-    assert cost.fastest(["tree_allreduce", "ring_allreduce"], n, below, alpha, beta) == "tree_allreduce"
-    assert cost.fastest(["tree_allreduce", "ring_allreduce"], n, above, alpha, beta) == "ring_allreduce"
+    pair = ["tree_allreduce", "ring_allreduce"]
+    assert cost.fastest(pair, n, below, alpha, beta) == "tree_allreduce"
+    assert cost.fastest(pair, n, above, alpha, beta) == "ring_allreduce"
     # Parallel lines never cross; a crossing at a negative size is no crossing.
     assert cost.crossover("alltoall", "pairwise_alltoall", n, alpha, beta) is None
     assert cost.crossover("binomial_broadcast", "flat_broadcast", max(n, 3), alpha, beta) is None

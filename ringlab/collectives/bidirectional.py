@@ -60,8 +60,8 @@ def bidirectional_ring_allreduce(comm, x):
             send_c = (p - k) % n if reducing else (p + 1 - (k - n + 1)) % n
             op = "reduce" if reducing else "copy"
             # tag = the ring: for N = 2 both rings talk to the same neighbour.
-            sends.append(comm.isend(ring["chunks"][send_c], ring["to"], chunk=(ring["half"], send_c),
-                                    op=op, tag=ring["half"]))
+            sends.append(comm.isend(ring["chunks"][send_c], ring["to"],
+                                    chunk=(ring["half"], send_c), op=op, tag=ring["half"]))
         for ring in rings:
             recvs.append(comm.irecv(ring["frm"], tag=ring["half"]))
         for ring, req in zip(rings, recvs):

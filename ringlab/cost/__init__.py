@@ -18,7 +18,8 @@ from .closed_forms import (ALGORITHMS, Cost, binary_tree_steps, binomial_broadca
 from .timing import Terms, crossover, crossover_table, fastest, terms, time, two_level_time
 
 __all__ = ["AlphaBeta", "TwoLevel", "Terms", "terms", "time", "crossover", "crossover_table",
-           "fastest", "two_level_time", "timing", "interconnects", "nccl", "ALGORITHMS", "Cost", "table", "ceil_log2", "max_popcount",
+           "fastest", "two_level_time", "timing", "interconnects", "nccl",
+           "ALGORITHMS", "Cost", "table", "ceil_log2", "max_popcount",
            "binary_tree_steps", "binomial_reduce_steps", "ring_allgather", "naive_allgather",
            "recursive_doubling_allgather", "ring_reduce_scatter", "flat_broadcast",
            "chain_broadcast", "tree_broadcast", "binomial_broadcast", "binomial_reduce",

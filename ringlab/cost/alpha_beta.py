@@ -103,7 +103,8 @@ class TwoLevel:
     """
 
     def __init__(self, intra, inter, gpus_per_node):
-        if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+        g = gpus_per_node
+        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
             raise ValueError(f"TwoLevel(gpus_per_node={gpus_per_node!r}): an int >= 1")
         self.intra, self.inter, self.gpus_per_node = intra, inter, gpus_per_node
 

@@ -262,8 +262,8 @@ def crossover_table(algs, world_sizes, alpha, beta, gamma=0.0, **params):
                 x = crossover(a, b, n, alpha, beta, gamma, **params)
                 if x is None:
                     continue
-                small, large = (a, b) if terms(a, n, **params).latency < terms(b, n, **params).latency \
-                    else (b, a)
+                fewer_alphas = terms(a, n, **params).latency < terms(b, n, **params).latency
+                small, large = (a, b) if fewer_alphas else (b, a)
                 rows.append({"world_size": n, "a": a, "b": b, "crossover_bytes": float(x),
                              "below": small, "above": large})
     return rows
