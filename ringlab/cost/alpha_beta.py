@@ -18,6 +18,12 @@
 
 * as a time model for a trace recorded without one (``times(trace)``,
   ``lockstep_time(trace)``), it prices the trace's steps one after another.
+
+``ports="link"`` gives every ordered pair of ranks a wire of its own instead
+(one message at a time on each, both directions independent): a rank may then
+send to its left and its right neighbour at once, as over point-to-point
+NVLink or a torus. ``TwoLevel`` prices messages inside a node and between
+nodes differently (``ringlab.cost.interconnects`` has realistic numbers).
 """
 
 from __future__ import annotations
@@ -26,10 +32,34 @@ from __future__ import annotations
 class AlphaBeta:
     """``alpha`` seconds per message plus ``beta`` seconds per byte, on every link."""
 
-    def __init__(self, alpha, beta):
+    def __init__(self, alpha, beta, ports="rank"):
         if not (alpha >= 0 and beta >= 0):
             raise ValueError(f"AlphaBeta(alpha={alpha!r}, beta={beta!r}): both must be >= 0")
-        self.alpha, self.beta = float(alpha), float(beta)
+        if ports not in ("rank", "link"):
+            raise ValueError(f"AlphaBeta(ports={ports!r}): 'rank' (one send and one receive "
+                             f"port per rank) or 'link' (one wire per ordered pair of ranks)")
+        self.alpha, self.beta, self.per = float(alpha), float(beta), ports
+
+    @classmethod
+    def from_interconnect(cls, link, latency=None, ports="rank"):
+        """The model of one row of ``ringlab.cost.interconnects``: alpha its latency
+        (or ``latency`` seconds, where the row has none), beta 1 / (its bandwidth
+        per direction).
+
+        >>> from ringlab.cost.interconnects import INTERCONNECTS
+        >>> AlphaBeta.from_interconnect(INTERCONNECTS["InfiniBand HDR"])
+        AlphaBeta(alpha=6e-07, beta=4e-11)
+        >>> AlphaBeta.from_interconnect(INTERCONNECTS["NVLink 4"], latency=1e-6).beta * 1e12
+        2.2222222222222223
+        """
+        alpha = link.latency_s if latency is None else latency
+        if alpha is None:
+            raise ValueError(f"{link.name}: no source gives a latency; pass latency= (seconds)")
+        return cls(alpha, 1.0 / link.bytes_per_s, ports)
+
+    def between(self, src, dst):
+        """The model that prices a message from ``src`` to ``dst``: this one, everywhere."""
+        return self
 
     def message(self, nbytes):
         """Seconds one message of ``nbytes`` takes on an idle link."""
@@ -38,7 +68,7 @@ class AlphaBeta:
     # -- as a network model ------------------------------------------------------------
     def ports(self, world_size):
         """The per-run state: when each rank's ports are next free."""
-        return Ports(self, world_size)
+        return Ports(self, world_size, self.per)
 
     # -- as a time model of an untimed trace ---------------------------------------------------
     def lockstep_time(self, trace):
@@ -58,22 +88,53 @@ class AlphaBeta:
         return [(start[e.step], self.message(e.nbytes)) for e in trace]
 
     def __repr__(self):
-        return f"AlphaBeta(alpha={self.alpha!r}, beta={self.beta!r})"
+        more = "" if self.per == "rank" else f", ports={self.per!r}"
+        return f"AlphaBeta(alpha={self.alpha!r}, beta={self.beta!r}{more})"
+
+
+class TwoLevel:
+    """Ranks in nodes of ``gpus_per_node`` consecutive ranks: a message inside a
+    node costs what ``intra`` says, one between nodes what ``inter`` says. Each
+    rank has its own send and receive port (one NIC per GPU, as in a DGX H100).
+
+    >>> net = TwoLevel(AlphaBeta(1e-6, 1e-11), AlphaBeta(5e-6, 1e-10), gpus_per_node=4)
+    >>> net.between(0, 3).alpha, net.between(3, 4).alpha
+    (1e-06, 5e-06)
+    """
+
+    def __init__(self, intra, inter, gpus_per_node):
+        g = gpus_per_node
+        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+            raise ValueError(f"TwoLevel(gpus_per_node={gpus_per_node!r}): an int >= 1")
+        self.intra, self.inter, self.gpus_per_node = intra, inter, gpus_per_node
+
+    def between(self, src, dst):
+        same = src // self.gpus_per_node == dst // self.gpus_per_node
+        return self.intra if same else self.inter
+
+    def ports(self, world_size):
+        return Ports(self, world_size)
+
+    def __repr__(self):
+        return f"TwoLevel({self.intra!r}, {self.inter!r}, gpus_per_node={self.gpus_per_node})"
 
 
 class Ports:
-    """One run's ports: ``transfer`` books a message first come, first served."""
+    """One run's ports: ``transfer`` books a message first come, first served.
 
-    def __init__(self, model, world_size):
-        self.model = model
-        self.send_free = [0.0] * world_size
-        self.recv_free = [0.0] * world_size
+    ``per="rank"``: a send port and a receive port per rank; ``per="link"``: a
+    port per ordered pair (src, dst), so only messages on the same wire wait."""
+
+    def __init__(self, model, world_size, per="rank"):
+        self.model, self.per = model, per
+        self.send_free, self.recv_free = {}, {}
 
     def transfer(self, src, dst, nbytes, ready):
         """Book a message posted at ``ready``: returns its ``(start, end)``."""
-        start = max(ready, self.send_free[src], self.recv_free[dst])
-        end = start + self.model.message(nbytes)
-        self.send_free[src] = self.recv_free[dst] = end
+        out, into = (src, dst) if self.per == "rank" else ((src, dst), (src, dst))
+        start = max(ready, self.send_free.get(out, 0.0), self.recv_free.get(into, 0.0))
+        end = start + self.model.between(src, dst).message(nbytes)
+        self.send_free[out] = self.recv_free[into] = end
         return start, end
 
 
