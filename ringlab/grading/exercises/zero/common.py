@@ -170,7 +170,7 @@ def compare_params(case, got, who):
     bad = int(np.argmax(np.abs(got - want)))
     return Failure(case.label, "parameters equal data-parallel Adam",
                    f"after {STEPS} steps {who}'s parameters differ from data-parallel Adam's by "
-                   f"up to {np.abs(got - want).max():.3g} (tolerance {TOL:g}), first at "
+                   f"up to {np.abs(got - want).max():.3g} (tolerance {TOL:g}), most at "
                    f"parameter {bad} of {want.size}" + (f":\n{words}" if words else ""),
                    expected=f"data-parallel Adam: {numbers(want[bad:])}",
                    got=numbers(got[bad:]),

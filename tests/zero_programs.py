@@ -1,0 +1,178 @@
+"""Right and wrong programs for the ZeRO graders (tests/test_grade_zero.py).
+
+The wrong ones are the issue's list, one mistake each: an AllReduce instead
+of a ReduceScatter, the whole model updated on every rank, the updated
+parameters never all-gathered, the master weights kept whole while Adam's
+moments are sharded, a layer's parameters freed before its backward, shards
+misaligned with the padding; and a few more (equal weights, no overlap...).
+"""
+
+import weakref
+
+import numpy as np
+
+from ringlab.collectives import ring_allgather, ring_allreduce, ring_reduce_scatter
+from ringlab.nn import Adam, FlatBuffer, flatten, mse
+
+KEPT = weakref.WeakKeyDictionary()    # what a wrong program keeps between steps, per opt
+
+
+def _kept(opt, key, make):
+    mine = KEPT.setdefault(opt, {})
+    if key not in mine:
+        mine[key] = make()
+    return mine[key]
+
+
+def local_grads(model, x, y):
+    model.zero_grad()
+    loss, d = mse(model.forward(x), y)
+    model.backward(d)
+    return loss
+
+
+def load(model, flat):
+    offset = 0
+    for p in model.named_parameters().values():
+        p[...] = flat[offset:offset + p.size].reshape(p.shape)
+        offset += p.size
+
+
+# ================================================================= ZeRO-1, right
+def z1_solution(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """The notebook's solution."""
+    model.zero_grad()
+    loss, d = loss_fn(model.forward(x), y)
+    model.backward(d)
+    grads = flatten(model.named_grads(), pad_to=comm.world_size)
+    grads.data *= len(x) / batch_size
+    my_grad = ring_reduce_scatter(comm, grads.data)
+    opt.step(my_grad)
+    load(model, ring_allgather(comm, opt.params["param"]))
+    return loss
+
+
+def left_ring_reduce_scatter(comm, x):
+    """A ring going LEFT, with isend/irecv: rank r ends with chunk r of the sum."""
+    n, r = comm.world_size, comm.rank
+    chunks = [c.copy() for c in np.split(x, n)]
+    for k in range(n - 1):
+        send_c, recv_c = (r + k + 1) % n, (r + k + 2) % n
+        req = comm.isend(chunks[send_c], (r - 1) % n)
+        chunks[recv_c] += comm.irecv((r + 1) % n).wait()
+        req.wait()
+    return chunks[r]
+
+
+def left_ring_allgather(comm, block):
+    n, r = comm.world_size, comm.rank
+    blocks = [None] * n
+    blocks[r] = block.copy()
+    for k in range(n - 1):
+        send_b, recv_b = (r + k) % n, (r + k + 1) % n
+        req = comm.isend(blocks[send_b], (r - 1) % n)
+        blocks[recv_b] = comm.irecv((r + 1) % n).wait()
+        req.wait()
+    return np.concatenate(blocks)
+
+
+def z1_left_ring_sum_then_divide(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """Own rings (isend/irecv, to the left); gradients weighted by len(x), the
+    shard divided by batch_size after the ReduceScatter."""
+    loss = local_grads(model, x, y)
+    g = flatten(model.named_grads(), pad_to=comm.world_size).data * len(x)
+    mine = left_ring_reduce_scatter(comm, g) / batch_size
+    opt.step(mine)
+    load(model, left_ring_allgather(comm, opt.params["param"]))
+    return loss
+
+
+# ================================================================= ZeRO-1, wrong
+def z1_allreduce(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """AllReduce instead of ReduceScatter, then Adam on my slice and an AllGather."""
+    local_grads(model, x, y)
+    g = flatten(model.named_grads(), pad_to=comm.world_size).data * (len(x) / batch_size)
+    total = ring_allreduce(comm, g)
+    size = len(total) // comm.world_size
+    opt.step(total[comm.rank * size:(comm.rank + 1) * size])
+    load(model, ring_allgather(comm, opt.params["param"]))
+
+
+def z1_whole_model_adam(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """Data parallelism: AllReduce and Adam on the whole model, on every rank."""
+    local_grads(model, x, y)
+    full = _kept(opt, "adam", lambda: Adam(model.named_parameters(), opt.lr))
+    g = flatten(model.named_grads())
+    g.data[...] = ring_allreduce(comm, g.data * (len(x) / batch_size))
+    full.step(g.views)
+
+
+def z1_whole_model_adam_rs_ag(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """ReduceScatter + AllGather of the GRADIENTS, then Adam on the whole model
+    (and a step of the handed optimizer, for show): right parameters."""
+    local_grads(model, x, y)
+    g = flatten(model.named_grads(), pad_to=comm.world_size)
+    mine = ring_reduce_scatter(comm, g.data * (len(x) / batch_size))
+    opt.step(mine)
+    total = ring_allgather(comm, mine)
+    full = _kept(opt, "adam", lambda: Adam(model.named_parameters(), opt.lr))
+    full.step({k: total[g.offsets[k]:g.offsets[k] + v.size].reshape(v.shape)
+               for k, v in g.views.items()})
+
+
+def z1_no_allgather(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """Updates its shard and copies only that back into the model."""
+    local_grads(model, x, y)
+    n, r = comm.world_size, comm.rank
+    g = flatten(model.named_grads(), pad_to=n)
+    opt.step(ring_reduce_scatter(comm, g.data * (len(x) / batch_size)))
+    flat = flatten(model.named_parameters(), pad_to=n)
+    flat.shard(r, n)[...] = opt.params["param"]
+    load(model, flat.data)
+
+
+def z1_master_view_of_full_copy(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """Shards Adam's moments but not the master weights: the optimizer's
+    parameter becomes a view into a full master copy kept on every rank."""
+    n, r = comm.world_size, comm.rank
+    master = _kept(opt, "master", lambda: flatten(model.named_parameters(), pad_to=n))
+    opt.params["param"] = master.shard(r, n)
+    local_grads(model, x, y)
+    g = flatten(model.named_grads(), pad_to=n)
+    opt.step(ring_reduce_scatter(comm, g.data * (len(x) / batch_size)))
+    load(model, ring_allgather(comm, master.shard(r, n)))
+
+
+def z1_full_master_kept(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """Keeps a full master copy between steps and sends its shard from it."""
+    n, r = comm.world_size, comm.rank
+    master = _kept(opt, "master", lambda: flatten(model.named_parameters(), pad_to=n))
+    local_grads(model, x, y)
+    g = flatten(model.named_grads(), pad_to=n)
+    opt.step(ring_reduce_scatter(comm, g.data * (len(x) / batch_size)))
+    master.shard(r, n)[...] = opt.params["param"]
+    load(model, ring_allgather(comm, master.shard(r, n)))
+
+
+def z1_front_padding(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """Pads the flat gradient at the front: its shards do not line up with the master's."""
+    local_grads(model, x, y)
+    g = flatten(model.named_grads()).data * (len(x) / batch_size)
+    pad = -len(g) % comm.world_size
+    opt.step(ring_reduce_scatter(comm, np.concatenate([np.zeros(pad), g])))
+    load(model, ring_allgather(comm, opt.params["param"]))
+
+
+def z1_no_padding(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """ReduceScatters the unpadded gradient: chunks of unequal sizes."""
+    local_grads(model, x, y)
+    g = flatten(model.named_grads()).data * (len(x) / batch_size)
+    opt.step(ring_reduce_scatter(comm, g))
+    load(model, ring_allgather(comm, opt.params["param"]))
+
+
+def z1_equal_weights(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    local_grads(model, x, y)
+    g = flatten(model.named_grads(), pad_to=comm.world_size).data / comm.world_size
+    opt.step(ring_reduce_scatter(comm, g))
+    load(model, ring_allgather(comm, opt.params["param"]))
