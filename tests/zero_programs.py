@@ -176,3 +176,189 @@ def z1_equal_weights(comm, model, opt, x, y, batch_size, loss_fn=mse):
     g = flatten(model.named_grads(), pad_to=comm.world_size).data / comm.world_size
     opt.step(ring_reduce_scatter(comm, g))
     load(model, ring_allgather(comm, opt.params["param"]))
+
+
+# ================================================================= ZeRO-2
+def _backward(comm, model, x, y, flops_per_second, loss_fn=mse):
+    from ringlab.data_parallel.buckets import loss_and_backward
+    return loss_and_backward(comm, model, x, y, flops_per_second, loss_fn)
+
+
+def z2_solution(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
+                flops_per_second=None, reduce_scatter=ring_reduce_scatter,
+                allgather=ring_allgather, weight=None, divide=1.0):
+    """The notebook's solution (with knobs for a variant below)."""
+    loss, backward = _backward(comm, model, x, y, flops_per_second, loss_fn)
+    buckets, missing, works = {}, [len(b) for b in layout.names], []
+    for ready in backward:
+        for name, g in ready.items():
+            b = layout.where[name]
+            if b not in buckets:
+                buckets[b] = layout.bucket(b, g.dtype)
+            buckets[b].views[name][...] = g
+            missing[b] -= 1
+        while len(works) < len(layout.names) and missing[len(works)] == 0:
+            data = buckets.pop(len(works)).data
+            data *= len(x) / batch_size if weight is None else weight(len(x), batch_size)
+            works.append(comm.start(reduce_scatter, data))
+    opt.step(np.concatenate([w.wait() for w in works]) / divide)
+    params = model.named_parameters()
+    for names, piece in zip(layout.names, layout.pieces(opt.params["param"])):
+        full, offset = allgather(comm, piece), 0
+        for name in names:
+            p = params[name]
+            p[...] = full[offset:offset + p.size].reshape(p.shape)
+            offset += p.size
+    return loss
+
+
+def z2_left_ring_sum_then_divide(comm, model, opt, x, y, batch_size, loss_fn=mse, *,
+                                 layout, flops_per_second=None):
+    """Own rings to the left (isend/irecv); weights len(x), divides by batch_size after."""
+    return z2_solution(comm, model, opt, x, y, batch_size, loss_fn, layout=layout,
+                       flops_per_second=flops_per_second,
+                       reduce_scatter=left_ring_reduce_scatter, allgather=left_ring_allgather,
+                       weight=lambda rows, b: rows, divide=batch_size)
+
+
+def z2_allreduce(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
+                 flops_per_second=None):
+    """Each bucket AllReduced (DDP), then my piece cut out of the sum."""
+    def reduce_scatter(comm, data):
+        total = ring_allreduce(comm, data)
+        return np.split(total, comm.world_size)[comm.rank]
+    return z2_solution(comm, model, opt, x, y, batch_size, loss_fn, layout=layout,
+                       flops_per_second=flops_per_second, reduce_scatter=reduce_scatter)
+
+
+def z2_after_backward(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
+                      flops_per_second=None):
+    """Buckets reduce-scattered one by one after backward, in the program: no overlap."""
+    loss, backward = _backward(comm, model, x, y, flops_per_second, loss_fn)
+    grads = {}
+    for ready in backward:
+        grads.update({k: g.copy() for k, g in ready.items()})
+    pieces = []
+    for b, names in enumerate(layout.names):
+        flat = layout.bucket(b)
+        for name in names:
+            flat.views[name][...] = grads[name]
+        pieces.append(ring_reduce_scatter(comm, flat.data * (len(x) / batch_size)))
+    opt.step(np.concatenate(pieces))
+    params = model.named_parameters()
+    for names, piece in zip(layout.names, layout.pieces(opt.params["param"])):
+        full, offset = ring_allgather(comm, piece), 0
+        for name in names:
+            params[name][...] = full[offset:offset + params[name].size].reshape(
+                params[name].shape)
+            offset += params[name].size
+    return loss
+
+
+def z2_waits_in_backward(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
+                         flops_per_second=None):
+    """Starts each bucket's ReduceScatter on the stream, and waits for it at once."""
+    def reduce_scatter(comm_, data):
+        return Done(ring_reduce_scatter(comm_, data))
+
+    class Done:
+        def __init__(self, value):
+            self.value = value
+
+    class Eager:
+        """comm whose start() waits before it returns."""
+        def __getattr__(self, name):
+            return getattr(comm, name)
+
+        def start(self, fn, *args):
+            work = comm.start(fn, *args)
+            value = work.wait()
+            return type("W", (), {"wait": lambda self: value.value})()
+    return z2_solution(Eager(), model, opt, x, y, batch_size, loss_fn, layout=layout,
+                       flops_per_second=flops_per_second, reduce_scatter=reduce_scatter)
+
+
+def z2_forward_order(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
+                     flops_per_second=None):
+    """Reduce-scatters the buckets after backward, last bucket first."""
+    loss, backward = _backward(comm, model, x, y, flops_per_second, loss_fn)
+    grads = {}
+    for ready in backward:
+        grads.update({k: g.copy() for k, g in ready.items()})
+    works = {}
+    for b in reversed(range(len(layout.names))):
+        flat = layout.bucket(b)
+        for name in layout.names[b]:
+            flat.views[name][...] = grads[name]
+        works[b] = comm.start(ring_reduce_scatter, flat.data * (len(x) / batch_size))
+    opt.step(np.concatenate([works[b].wait() for b in range(len(layout.names))]))
+    params = model.named_parameters()
+    for names, piece in zip(layout.names, layout.pieces(opt.params["param"])):
+        full, offset = ring_allgather(comm, piece), 0
+        for name in names:
+            params[name][...] = full[offset:offset + params[name].size].reshape(
+                params[name].shape)
+            offset += params[name].size
+    return loss
+
+
+def z2_no_allgather(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
+                    flops_per_second=None):
+    """Copies only its own updated pieces back into the model."""
+    n, r = comm.world_size, comm.rank
+
+    def own_piece_only(comm_, piece):
+        return np.concatenate([piece if q == r else own_piece_only.current[q]
+                               for q in range(n)])
+    params = model.named_parameters()
+    own_piece_only.current = None
+    loss, backward = _backward(comm, model, x, y, flops_per_second, loss_fn)
+    works = []
+    for b, names in enumerate(layout.names):
+        pass
+    grads = {}
+    for ready in backward:
+        grads.update({k: g.copy() for k, g in ready.items()})
+        while len(works) < len(layout.names) and all(k in grads
+                                                     for k in layout.names[len(works)]):
+            flat = layout.bucket(len(works))
+            for k in layout.names[len(works)]:
+                flat.views[k][...] = grads[k]
+            works.append(comm.start(ring_reduce_scatter, flat.data * (len(x) / batch_size)))
+    opt.step(np.concatenate([w.wait() for w in works]))
+    for b, (names, piece) in enumerate(zip(layout.names, layout.pieces(opt.params["param"]))):
+        flat = FlatBuffer({k: params[k] for k in names}, pad_to=n)
+        flat.shard(r, n)[...] = piece
+        for k in names:
+            params[k][...] = flat.views[k]
+    return loss
+
+
+def z2_whole_flat_reduce_scatter(comm, model, opt, x, y, batch_size, loss_fn=mse, *,
+                                 layout, flops_per_second=None):
+    """ZeRO-1's flat shard (one ReduceScatter of the whole padded gradient), though
+    the optimizer holds per-bucket pieces: the shards do not line up."""
+    loss, backward = _backward(comm, model, x, y, flops_per_second, loss_fn)
+    for _ in backward:
+        pass
+    g = flatten(model.named_grads()).data * (len(x) / batch_size)
+    g = np.concatenate([g, np.zeros(layout.padded_numel - len(g))])
+    opt.step(ring_reduce_scatter(comm, g))
+    params = model.named_parameters()
+    for names, piece in zip(layout.names, layout.pieces(opt.params["param"])):
+        full, offset = ring_allgather(comm, piece), 0
+        for name in names:
+            params[name][...] = full[offset:offset + params[name].size].reshape(
+                params[name].shape)
+            offset += params[name].size
+    return loss
+
+
+def z2_full_master_kept(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
+                        flops_per_second=None):
+    """Right collectives, but a full copy of the parameters kept as 'master'."""
+    master = _kept(opt, "master", lambda: flatten(model.named_parameters()).data.copy())
+    loss = z2_solution(comm, model, opt, x, y, batch_size, loss_fn, layout=layout,
+                       flops_per_second=flops_per_second)
+    master[...] = flatten(model.named_parameters()).data
+    return loss

@@ -180,12 +180,12 @@ def compare_params(case, got, who):
 
 
 # ---------------------------------------------------------------------------- running
-def run_measured(program, case, backend):
+def run_measured(program, case, backend, **kw):
     """``run_case``; in this process, tracing memory stops afterwards if it was
     started for this run (it slows every allocation down)."""
     was = tracemalloc.is_tracing()
     try:
-        return run_case(program, case, backend, timeout=20.0)
+        return run_case(program, case, backend, timeout=20.0, **kw)
     finally:
         if not was and tracemalloc.is_tracing():
             tracemalloc.stop()

@@ -113,21 +113,32 @@ class MemoryProbe:
         return repr(self._comm)
 
     def _start(self, fn, *args, **kwargs):
-        ledger = self._ledger
+        ledger, box = self._ledger, [(args, kwargs)]
 
         @functools.wraps(fn)
-        def work(comm, *a, **kw):
+        def work(comm):
             # A work runs when the simulator starts it: inside some call of this rank.
+            # Its arguments and result travel in boxes the simulator keeps, emptied
+            # here and in wait(): so they are freed in this rank's code, not in
+            # the simulator's, where no one would be charged for the free.
             ledger.resume()
             try:
-                return fn(MemoryProbe(comm, ledger), *a, **kw)
+                a, kw = box.pop()
+                result = [fn(MemoryProbe(comm, ledger), *a, **kw)]
+                del a, kw
+                return result
             finally:
                 ledger.pause()
-        return _call(ledger, self._comm.start, work, *args, **kwargs)
+        ledger.pause()
+        try:
+            handle = self._comm.start(work)
+        finally:
+            ledger.resume()
+        return _Work(handle, ledger)
 
 
 class _Waitable:
-    """A request or a work: ``wait()`` is a boundary too."""
+    """A request: ``wait()`` is a boundary, and what it receives is adopted."""
 
     def __init__(self, inner, ledger, out=None):
         self._inner, self._ledger, self._out = inner, ledger, out
@@ -139,17 +150,28 @@ class _Waitable:
         return attr
 
 
-def _call(ledger, fn, *args, out=None, _raw=False, **kwargs):
+class _Work(_Waitable):
+    """A work: its result was made (and charged) by the work's own code."""
+
+    def wait(self):
+        if not hasattr(self, "_value"):
+            box = _call(self._ledger, self._inner.wait, _raw=True, _adopt=False)
+            self._value = box.pop() if isinstance(box, list) and box else None
+        return self._value
+
+
+def _call(ledger, fn, *args, out=None, _raw=False, _adopt=True, **kwargs):
     ledger.pause()
     try:
         got = fn(*args, **kwargs) if not _raw else fn()
-        got = _adopt(ledger, got, kwargs.get("out", out))
+        if _adopt:
+            got = adopt(ledger, got, kwargs.get("out", out))
     finally:
         ledger.resume()
     return got
 
 
-def _adopt(ledger, got, out):
+def adopt(ledger, got, out):
     from ....comm import Comm
     if isinstance(got, np.ndarray):
         if got is out:
@@ -158,7 +180,7 @@ def _adopt(ledger, got, out):
         ledger.charge(mine.nbytes)
         return mine
     if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], np.ndarray):
-        return got[0], _adopt(ledger, got[1], None)     # recv_any: (src, array)
+        return got[0], adopt(ledger, got[1], None)     # recv_any: (src, array)
     if got is None or isinstance(got, (int, float, str, bool)):
         return got
     if isinstance(got, Comm) or type(got).__name__ in ("_RemoteComm", "Guard"):
