@@ -362,3 +362,183 @@ def z2_full_master_kept(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layo
                        flops_per_second=flops_per_second)
     master[...] = flatten(model.named_parameters()).data
     return loss
+
+
+# ================================================================= ZeRO-3
+def _gather(comm, unit, allgather=ring_allgather):
+    full = allgather(comm, unit.shard)
+    unit.layer.params.update(unit.views(full))
+    return full
+
+
+def _free(unit):
+    for k in unit.shapes:
+        unit.layer.params[k] = unit.layer.grads[k] = None
+
+
+def _unit_backward(unit, dy):
+    full_grad = np.zeros(unit.padded)
+    unit.layer.grads.update(unit.views(full_grad))
+    for layer in reversed(unit.layers):
+        dy = layer.backward(dy)
+    return dy, full_grad
+
+
+def z3_solution(comm, model, opt, x, y, batch_size, loss_fn=mse, *,
+                allgather=ring_allgather, reduce_scatter=ring_reduce_scatter,
+                weight=None, divide=1.0):
+    """The notebook's solution (knobs for the variants)."""
+    for unit in model.units:
+        _gather(comm, unit, allgather)
+        for layer in unit.layers:
+            x = layer.forward(x)
+        _free(unit)
+    loss, dy = loss_fn(x, y)
+    for unit in reversed(model.units):
+        _gather(comm, unit, allgather)
+        dy, full_grad = _unit_backward(unit, dy)
+        full_grad *= len(x) / batch_size if weight is None else weight(len(x), batch_size)
+        unit.grad_shard[...] = reduce_scatter(comm, full_grad) / divide
+        _free(unit)
+    opt.step(model.grad_shards())
+    return loss
+
+
+def z3_left_ring_sum_then_divide(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    return z3_solution(comm, model, opt, x, y, batch_size, loss_fn,
+                       allgather=left_ring_allgather, reduce_scatter=left_ring_reduce_scatter,
+                       weight=lambda rows, b: rows, divide=batch_size)
+
+
+def z3_prefetch(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """FSDP's prefetch: the next unit's AllGather runs on the communication stream
+    while this unit computes (forward: the next unit; backward: the one before)."""
+    units, n_local = model.units, len(x)
+    pending = {0: comm.start(ring_allgather, units[0].shard)}
+    for i, unit in enumerate(units):
+        unit.layer.params.update(unit.views(pending.pop(i).wait()))
+        if i + 1 < len(units):
+            pending[i + 1] = comm.start(ring_allgather, units[i + 1].shard)
+        for layer in unit.layers:
+            x = layer.forward(x)
+        _free(unit)
+    loss, dy = loss_fn(x, y)
+    last = len(units) - 1
+    pending[last] = comm.start(ring_allgather, units[last].shard)
+    for i in reversed(range(len(units))):
+        unit = units[i]
+        unit.layer.params.update(unit.views(pending.pop(i).wait()))
+        if i > 0:
+            pending[i - 1] = comm.start(ring_allgather, units[i - 1].shard)
+        dy, full_grad = _unit_backward(unit, dy)
+        full_grad *= n_local / batch_size
+        unit.grad_shard[...] = ring_reduce_scatter(comm, full_grad)
+        _free(unit)
+    opt.step(model.grad_shards())
+    return loss
+
+
+def z3_allreduce(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    def reduce_scatter(comm, g):
+        return np.split(ring_allreduce(comm, g), comm.world_size)[comm.rank]
+    return z3_solution(comm, model, opt, x, y, batch_size, loss_fn,
+                       reduce_scatter=reduce_scatter)
+
+
+def z3_gather_once(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """Gathers each unit for forward and keeps it for backward (no second AllGather)."""
+    for unit in model.units:
+        _gather(comm, unit)
+        for layer in unit.layers:
+            x = layer.forward(x)
+    loss, dy = loss_fn(x, y)
+    for unit in reversed(model.units):
+        dy, full_grad = _unit_backward(unit, dy)
+        full_grad *= len(x) / batch_size
+        unit.grad_shard[...] = ring_reduce_scatter(comm, full_grad)
+        _free(unit)
+    opt.step(model.grad_shards())
+    return loss
+
+
+def z3_gather_all_up_front(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """The right collectives in the right order, but every unit gathered before
+    any runs (forward and backward): the whole model in full at once."""
+    fulls = [_gather(comm, unit) for unit in model.units]
+    for unit in model.units:
+        for layer in unit.layers:
+            x = layer.forward(x)
+        _free(unit)
+    del fulls
+    loss, dy = loss_fn(x, y)
+    fulls = [_gather(comm, unit) for unit in reversed(model.units)]
+    for unit in reversed(model.units):
+        unit.layer.params.update(unit.views(fulls.pop(0)))
+        dy, full_grad = _unit_backward(unit, dy)
+        full_grad *= len(x) / batch_size
+        unit.grad_shard[...] = ring_reduce_scatter(comm, full_grad)
+        _free(unit)
+    opt.step(model.grad_shards())
+    return loss
+
+
+def z3_freed_before_backward(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """Frees each unit after forward and runs backward without gathering it again."""
+    for unit in model.units:
+        _gather(comm, unit)
+        for layer in unit.layers:
+            x = layer.forward(x)
+        _free(unit)
+    loss, dy = loss_fn(x, y)
+    for unit in reversed(model.units):
+        dy, full_grad = _unit_backward(unit, dy)
+        unit.grad_shard[...] = ring_reduce_scatter(comm, full_grad * (len(x) / batch_size))
+    opt.step(model.grad_shards())
+    return loss
+
+
+def z3_whole_model_adam(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """AllReduce of each unit's gradient and Adam on the full unit, on every rank."""
+    fulls = {}
+    for unit in model.units:
+        fulls[unit.name] = _gather(comm, unit)
+        for layer in unit.layers:
+            x = layer.forward(x)
+    loss, dy = loss_fn(x, y)
+    adam = _kept(opt, "adam", lambda: Adam(fulls, opt.lr))
+    grads = {}
+    for unit in reversed(model.units):
+        dy, full_grad = _unit_backward(unit, dy)
+        grads[unit.name] = ring_allreduce(comm, full_grad * (len(x) / batch_size))
+    adam.params.update(fulls)
+    adam.step(grads)
+    for unit in model.units:
+        n, r = comm.world_size, comm.rank
+        unit.shard[...] = np.split(fulls[unit.name], n)[r]
+        _free(unit)
+    return loss
+
+
+def z3_keeps_params(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """Right, except that the units keep their full parameters after the step."""
+    loss = z3_solution(comm, model, opt, x, y, batch_size, loss_fn)
+    for unit in model.units:
+        unit.layer.params.update(unit.views(np.zeros(unit.padded)))
+    return loss
+
+
+def z3_front_padding(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    def reduce_scatter(comm, g):
+        unit = next(u for u in model.units if u.padded == len(g))
+        g = np.concatenate([np.zeros(unit.padded - unit.numel), g[:unit.numel]])
+        return ring_reduce_scatter(comm, g)
+    return z3_solution(comm, model, opt, x, y, batch_size, loss_fn,
+                       reduce_scatter=reduce_scatter)
+
+
+def z3_equal_weights(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    return z3_solution(comm, model, opt, x, y, batch_size, loss_fn,
+                       weight=lambda rows, b: 1 / len(model.units[0].shard) * 0 + 1,
+                       divide=1.0) if False else z3_solution(
+        comm, model, opt, x, y, batch_size, loss_fn,
+        weight=lambda rows, b: 1.0 / comm.world_size)

@@ -13,7 +13,6 @@ from collections import defaultdict
 import numpy as np
 
 from ...report import Case, Failure, numbers, run_case
-from ..data_parallel.payloads import _is_partial_sum
 from ..pipeline import problem, problem_text
 from ....nn import Adam, mlp_model, mse
 
@@ -219,40 +218,68 @@ def label_messages(result, case, ag_when):
     ZeRO-3). Returns ({rank: [(label, event), ...] in send order}, None) or
     (None, Failure) for the first message that holds neither."""
     n, info = case.world_size, case.info
-    ref, batch = info["ref"], float(info["batch"])
-    sent = defaultdict(int)
+    index = _Index(info["ref"], ag_when, n, float(info["batch"]))
     out = defaultdict(list)
     for e in sorted(result.trace, key=lambda e: (e.step, e.stream, e.seq)):
         p = result.payload(e) if result.payloads is not None else None
-        label = _label(p, e, n, ref, ag_when, sent, batch)
+        label = index.label(p, e)
         if label is None:
             return None, _unlabelled(case, e, p, ag_when)
         out[e.src].append((label, e))
     return out, None
 
 
-def _label(p, e, n, ref, ag_when, sent, batch):
-    if not (type(p) is np.ndarray and p.dtype == np.float64 and p.ndim == 1):
-        return None
-    for t, step in enumerate(ref):
-        for s, vec in enumerate(step[ag_when]):
-            size = len(vec) // n
-            if p.size != size:
-                continue
-            ag = any(np.allclose(p, vec[q * size:(q + 1) * size], rtol=1e-9, atol=1e-12)
-                     for q in range(n))
-            i = sent[e.src, s, t]
-            side = 1 if e.dst == (e.src + 1) % n else -1
-            members = [(e.src - k * side) % n for k in range(min(i + 1, n))]
-            rs = _is_partial_sum(p, [g[s] for g in step["grads"]], members, (1.0, batch))
+class _Index:
+    """The candidates for a message of each size: every segment's chunks of
+    parameters (AllGather) and the ranks' gradients (ReduceScatter), per step."""
+
+    def __init__(self, ref, ag_when, n, batch):
+        self.n, self.batch = n, batch
+        self.by_size = defaultdict(list)
+        for t, step in enumerate(ref):
+            for s, vec in enumerate(step[ag_when]):
+                size = len(vec) // n
+                grads = np.array([g[s] for g in step["grads"]])
+                self.by_size[size].append((t, s, vec.reshape(n, size), grads))
+        self.sent = defaultdict(int)           # (rank, s, t) -> ReduceScatter messages so far
+        self.last = defaultdict(int)           # rank -> the step of its last message
+
+    def label(self, p, e):
+        if not (type(p) is np.ndarray and p.dtype == np.float64 and p.ndim == 1):
+            return None
+        cands = self.by_size.get(p.size, [])
+        # Steps come in order: look at this rank's current step first.
+        cands = sorted(cands, key=lambda c: (c[0] < self.last[e.src], c[0]))
+        for t, s, chunks, grads in cands:
+            ag = bool(np.any(np.all(np.abs(chunks - p) <= 1e-9 * np.abs(chunks) + 1e-12,
+                                    axis=1)))
+            i = self.sent[e.src, s, t]
+            rs = self._partial_sum(p, e, grads, i)
             # A chunk of padding only is zeros either way: it belongs to the
             # ReduceScatter until that has sent its N-1 messages.
-            if rs and (not ag or i < n - 1):
-                sent[e.src, s, t] += 1
+            if rs and (not ag or i < self.n - 1):
+                self.sent[e.src, s, t] += 1
+                self.last[e.src] = t
                 return ("RS", s, t)
             if ag:
+                self.last[e.src] = t
                 return ("AG", s, t)
-    return None
+        return None
+
+    def _partial_sum(self, p, e, grads, i):
+        """``p`` is a chunk of the sum, over the i+1 ranks before the sender on the
+        ring (itself included; all N from the N-th message on), of their
+        weighted gradients, times 1 or the batch size (weights n_r instead of
+        n_r / B, divided after). Rounding allowed relative to the numbers added."""
+        n = self.n
+        side = 1 if e.dst == (e.src + 1) % n else -1
+        members = [(e.src - k * side) % n for k in range(min(i + 1, n))]
+        parts = grads[members]
+        total = parts.sum(axis=0).reshape(n, -1)
+        tol = (1e-7 * np.abs(parts).sum(axis=0) + 1e-12 * (np.abs(parts).max(initial=0)
+                                                           + 1e-300)).reshape(n, -1)
+        return any(bool(np.any(np.all(np.abs(p - s * total) <= s * tol, axis=1)))
+                   for s in (1.0, self.batch))
 
 
 def _unlabelled(case, e, p, ag_when):

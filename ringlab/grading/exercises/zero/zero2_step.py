@@ -109,7 +109,7 @@ def cases(rng):
         if measure:
             sizes = [48, 160, 120, int(rng.integers(5, 8))]
         else:
-            sizes = ([int(rng.integers(3, 6))] + [int(rng.integers(n + 4, n + 9))
+            sizes = ([int(rng.integers(n, n + 4))] + [int(rng.integers(n + 4, n + 9))
                                                   for _ in range(layers - 1)]
                      + [int(rng.integers(n + 2, n + 5))])
         total = 8 * sum(int(np.prod(s)) for s in C.shapes_of(sizes).values())
