@@ -7,18 +7,17 @@ moments are sharded, a layer's parameters freed before its backward, shards
 misaligned with the padding; and a few more (equal weights, no overlap...).
 """
 
-import weakref
-
 import numpy as np
 
 from ringlab.collectives import ring_allgather, ring_allreduce, ring_reduce_scatter
 from ringlab.nn import Adam, FlatBuffer, flatten, mse
 
-KEPT = weakref.WeakKeyDictionary()    # what a wrong program keeps between steps, per opt
+KEPT = {}       # what a wrong program keeps between steps: id(opt) -> (opt, {...})
 
 
 def _kept(opt, key, make):
-    mine = KEPT.setdefault(opt, {})
+    # opt itself is kept too, so that its id is not reused by another case's
+    mine = KEPT.setdefault(id(opt), (opt, {}))[1]
     if key not in mine:
         mine[key] = make()
     return mine[key]
@@ -313,10 +312,7 @@ def z2_no_allgather(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
     params = model.named_parameters()
     own_piece_only.current = None
     loss, backward = _backward(comm, model, x, y, flops_per_second, loss_fn)
-    works = []
-    for b, names in enumerate(layout.names):
-        pass
-    grads = {}
+    works, grads = [], {}
     for ready in backward:
         grads.update({k: g.copy() for k, g in ready.items()})
         while len(works) < len(layout.names) and all(k in grads
@@ -538,7 +534,83 @@ def z3_front_padding(comm, model, opt, x, y, batch_size, loss_fn=mse):
 
 def z3_equal_weights(comm, model, opt, x, y, batch_size, loss_fn=mse):
     return z3_solution(comm, model, opt, x, y, batch_size, loss_fn,
-                       weight=lambda rows, b: 1 / len(model.units[0].shard) * 0 + 1,
-                       divide=1.0) if False else z3_solution(
-        comm, model, opt, x, y, batch_size, loss_fn,
-        weight=lambda rows, b: 1.0 / comm.world_size)
+                       weight=lambda rows, b: 1.0 / comm.world_size)
+
+
+# ================================================================= cheats: zeros for show
+SHARED = {}     # all ranks run in one process under ringlab.grade: a cheat's back channel
+
+
+def z1_zeros_and_shared_memory(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """The right collectives, of zeros; gradients and shards through SHARED."""
+    n, r = comm.world_size, comm.rank
+    key = (n, opt.state["param"]["step"])
+    local_grads(model, x, y)
+    g = flatten(model.named_grads(), pad_to=n).data * (len(x) / batch_size)
+    SHARED[key + ("g", r)] = g
+    ring_reduce_scatter(comm, np.zeros_like(g))
+    opt.step(np.split(sum(SHARED[key + ("g", q)] for q in range(n)), n)[r])
+    SHARED[key + ("p", r)] = opt.params["param"].copy()
+    ring_allgather(comm, np.zeros_like(opt.params["param"]))
+    load(model, np.concatenate([SHARED[key + ("p", q)] for q in range(n)]))
+
+
+def z2_zeros_and_shared_memory(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
+                               flops_per_second=None):
+    """ReduceScatters of zeros on the stream, during backward; the real
+    gradients and shards through SHARED."""
+    n, r = comm.world_size, comm.rank
+    key = (n, opt.state["param"]["step"])
+
+    def zeros_rs(comm_, data):
+        return ring_reduce_scatter(comm_, np.zeros_like(data))
+    loss, backward = _backward(comm, model, x, y, flops_per_second, loss_fn)
+    works = []
+    for _ in backward:
+        if len(works) < len(layout.names) - 1:
+            works.append(comm.start(zeros_rs, layout.bucket(len(works)).data))
+    while len(works) < len(layout.names):
+        works.append(comm.start(zeros_rs, layout.bucket(len(works)).data))
+    g = np.concatenate([layout.master_shard(model.named_grads(), q) for q in range(n)])
+    SHARED[key + ("g", r)] = g * (len(x) / batch_size)
+    for w in works:
+        w.wait()
+    total = sum(SHARED[key + ("g", q)] for q in range(n))
+    opt.step(np.split(total, n)[r])
+    params = model.named_parameters()
+    SHARED[key + ("p", r)] = opt.params["param"].copy()
+    for b, names in enumerate(layout.names):
+        ring_allgather(comm, np.zeros(layout.padded[b] // n))
+    pieces = [layout.pieces(SHARED[key + ("p", q)]) for q in range(n)]
+    for b, names in enumerate(layout.names):
+        full, offset = np.concatenate([pieces[q][b] for q in range(n)]), 0
+        for name in names:
+            params[name][...] = full[offset:offset + params[name].size].reshape(
+                params[name].shape)
+            offset += params[name].size
+    return loss
+
+
+def z3_zeros_and_shared_memory(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """AllGathers and ReduceScatters of zeros, in FSDP's order; parameters and
+    gradients through SHARED."""
+    n, r = comm.world_size, comm.rank
+    key = (n, opt.state[model.units[0].name]["step"])
+
+    def gather(comm_, shard):
+        ring_allgather(comm_, np.zeros_like(shard))
+        unit = next(u for u in model.units if u.shard is shard)
+        i = model.units.index(unit)
+        SHARED[key + ("unit", i, r)] = shard.copy()
+        comm_.barrier()
+        return np.concatenate([SHARED[key + ("unit", i, q)] for q in range(n)])
+
+    def scatter(comm_, g):
+        unit = next(u for u in model.units if u.padded == len(g))
+        i = model.units.index(unit)
+        SHARED[key + ("grad", i, r)] = g.copy()
+        ring_reduce_scatter(comm_, np.zeros_like(g))
+        comm_.barrier()
+        return np.split(sum(SHARED[key + ("grad", i, q)] for q in range(n)), n)[r]
+    return z3_solution(comm, model, opt, x, y, batch_size, loss_fn, allgather=gather,
+                       reduce_scatter=scatter)
