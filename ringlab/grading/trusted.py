@@ -232,9 +232,9 @@ REFERENCE_MODULES = {"collectives": "ringlab.collectives",
                      "data_parallel/sync_sgd": "ringlab.data_parallel.sync_sgd",
                      "data_parallel/buckets": "ringlab.data_parallel.buckets",
                      "tensor_parallel": "ringlab.tensor_parallel",
+                     "zero": "ringlab.zero",
                      "pipeline/schedules": "ringlab.pipeline.schedules",
-                     "pipeline/stages": "ringlab.pipeline.stages",
-                     "zero": "ringlab.zero"}
+                     "pipeline/stages": "ringlab.pipeline.stages"}
 
 
 def banned_modules(exercise):
