@@ -614,3 +614,18 @@ def z3_zeros_and_shared_memory(comm, model, opt, x, y, batch_size, loss_fn=mse):
         return np.split(sum(SHARED[key + ("grad", i, q)] for q in range(n)), n)[r]
     return z3_solution(comm, model, opt, x, y, batch_size, loss_fn, allgather=gather,
                        reduce_scatter=scatter)
+
+
+def z1_rank0_skips_allgather(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """Rank 0 'already has' its shard and skips the AllGather: its neighbours wait."""
+    local_grads(model, x, y)
+    g = flatten(model.named_grads(), pad_to=comm.world_size).data * (len(x) / batch_size)
+    opt.step(ring_reduce_scatter(comm, g))
+    if comm.rank != 0:
+        load(model, ring_allgather(comm, opt.params["param"]))
+
+
+def z3_hangs(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """Waits forever for a unit that is never gathered."""
+    while model.units[0].layer.params["weight"] is None:
+        pass

@@ -73,8 +73,9 @@ def make_case(rng, n, batch, sizes, segments, *, label, measure=False, **more):
     numel = sum(int(np.prod(s)) for s in shapes_of(sizes).values())
     spec = dict(sizes=list(sizes), seed=seed, lr=LR, segments=[list(s) for s in segments],
                 measure=measure, **more)
-    info = dict(spec, batches=batches, batch=batch, numel=numel,
-                pads=[padded(sum(int(np.prod(shapes_of(sizes)[k])) for k in s), n) for s in segments])
+    shapes = shapes_of(sizes)
+    pads = [padded(sum(int(np.prod(shapes[k])) for k in s), n) for s in segments]
+    info = dict(spec, batches=batches, batch=batch, numel=numel, pads=pads)
     info["ref"] = reference(info, n)
     rows = sorted({len(a) for a, _, _ in (inp[0] for inp in inputs)})
     shards = "equal" if len(rows) == 1 else "unequal"
