@@ -21,6 +21,7 @@ from ringlab.grading.report import Case, Failure, Report, grade_cases, run_case
 from ringlab.trace import Event, Trace
 
 import pipeline_programs as P
+import zero_programs as Z
 
 SHARED = {}     # what a cheat shares between ranks without messages
 
@@ -393,6 +394,18 @@ CHEATS = [
     ("pipeline_stage", functools.partial(P.stage_recompute, hide_grads=SHARED),
      "each activation and gradient sent once",
      ["sent rank 1 zeros: neither an activation nor a gradient of any microbatch (shape (1,))"]),
+    ("zero1_step", Z.z1_zeros_and_shared_memory, "every message carries gradients or parameter",
+     ["neither a partial sum of the ranks' weighted gradients"]),
+    ("zero1_step", Z.z1_whole_model_adam_rs_ag, "collectives: which, how many, what size",
+     ["AllGather of the gradients"]),
+    ("zero2_step", Z.z2_zeros_and_shared_memory, "every message carries gradients or parameter",
+     ["nor one rank's shard of the parameters"]),
+    ("zero2_step", Z.z2_full_master_kept, "memory: what a rank keeps between steps",
+     ["no full master copy"]),
+    ("zero3_step", Z.z3_zeros_and_shared_memory, "every message carries gradients or parameter",
+     ["nor one rank's shard of the parameters"]),
+    ("zero3_step", Z.z3_gather_all_up_front, "memory: peak per rank within ZeRO-3's bound",
+     ["times its largest unit"]),
 ]
 
 

@@ -35,6 +35,9 @@ GRADERS = {
     "tp_attention": "exercises.tensor_parallel.tp_attention",
     "one_f_one_b": "exercises.pipeline.one_f_one_b",
     "pipeline_stage": "exercises.pipeline.pipeline_stage",
+    "zero1_step": "exercises.zero.zero1_step",
+    "zero2_step": "exercises.zero.zero2_step",
+    "zero3_step": "exercises.zero.zero3_step",
 }
 
 

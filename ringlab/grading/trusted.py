@@ -45,10 +45,11 @@ FIELDS = ("notebook", "exercise", "result", "cases_passed", "cases_total", "fail
 # Part 3's reference answers are all of ringlab.tensor_parallel (its layers are the exercises).
 # Part 4's are ringlab.pipeline.schedules (one_f_one_b's answer) and .stages
 # (pipeline_stage's); its actions and validate are tools for both.
-REFERENCE = re.compile(r"^ringlab\.(collectives|grading|tensor_parallel"
+# Part 5's are all of ringlab.zero (ZeRO-1/2/3 steps, their layouts and units).
+REFERENCE = re.compile(r"^ringlab\.(collectives|grading|tensor_parallel|zero"
                        r"|data_parallel\.(?:async_ps|sync_sgd|buckets)"
                        r"|pipeline\.(?:schedules|stages))\b"
-                       r"|/ringlab/(collectives|grading|tensor_parallel"
+                       r"|/ringlab/(collectives|grading|tensor_parallel|zero"
                        r"|data_parallel/(?:async_ps|sync_sgd|buckets)"
                        r"|pipeline/(?:schedules|stages))")
 MAX_SUBMISSION = 50 * 2**20
@@ -232,6 +233,7 @@ REFERENCE_MODULES = {"collectives": "ringlab.collectives",
                      "data_parallel/sync_sgd": "ringlab.data_parallel.sync_sgd",
                      "data_parallel/buckets": "ringlab.data_parallel.buckets",
                      "tensor_parallel": "ringlab.tensor_parallel",
+                     "zero": "ringlab.zero",
                      "pipeline/schedules": "ringlab.pipeline.schedules",
                      "pipeline/stages": "ringlab.pipeline.stages"}
 
