@@ -106,14 +106,19 @@ def _names(work):
 
 def stage_recompute(comm, work, *, blocking=False, wrong_neighbour=False, zero_each_b=False,
                     unweighted=False, scale=1.0, shared_module=False, zeros=None, twice=False,
-                    hide_grads=None):
+                    hide_grads=None, own_order=False):
     """Right (with the defaults): keeps each microbatch's input and runs the forward
     again just before its backward (the layers remember only their last input);
     isends, waited for at the end; W does nothing (B did the whole backward).
     The keywords make the usual mistakes."""
     n, p = work.n_stages, comm.world_size
     saved, dloss, sent = {}, {}, []
-    for a in work.actions:
+    actions = work.actions
+    if own_order:       # ignores the schedule: GPipe's order (all F, then all B), isends
+        mbs, mine = sorted({a.mb for a in actions}), sorted(work.stages)
+        actions = ([Action("F", mb, s) for s in mine for mb in mbs]
+                   + [Action("B", mb, s) for s in reversed(mine) for mb in mbs])
+    for a in actions:
         if a.kind == "W":
             continue
         mod = work.stages[a.stage][1]
@@ -225,3 +230,13 @@ def ofob_duck_typed(r, p, m):
 def ofob_whole_pipeline(r, p, m):
     """Every rank's list at once, as if one rank ran the whole pipeline."""
     return [a for q in range(p) for a in ofob_loop(q, p, m)]
+
+
+def ofob_m1_forward_only(r, p, m):
+    """Wrong: with one microbatch, only the forward."""
+    return [Action("F", 0, r)] if m == 1 else ofob_loop(r, p, m)
+
+
+def ofob_float_mb(r, p, m):
+    """Wrong: microbatch numbers that are not whole numbers."""
+    return [Action(a.kind, a.mb + 0.5, a.stage) for a in ofob_loop(r, p, m)]

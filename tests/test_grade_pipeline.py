@@ -30,6 +30,10 @@ OFOB_WRONG = [
     (P.ofob_strings, "returns a list of Actions", ["is a str ('0F0'), not an Action"]),
     (P.ofob_no_last_backward, "the schedule is valid",
      ["stage 0 never runs the backward of microbatch 7"]),
+    (P.ofob_m1_forward_only, "the schedule is valid",
+     ["p=3 ranks, m=1 microbatches", "never runs the backward of microbatch 0"]),
+    (P.ofob_float_mb, "returns a list of Actions",
+     ["[0].mb is 0.5 (float): expected a whole number, 0 <= n < 2**31"]),
     (P.ofob_late_forward, "the bubble",
      ["with t_f = 1 and t_b = 1", "is 1/2, not 1F1B's (p - 1) / m = 3/8"]),
 ]
@@ -61,6 +65,9 @@ STAGE_WRONG = [
      "each activation and gradient sent once, to its neighbour",
      ["rank 0 sent rank 1 zeros: neither an activation nor a gradient",
       "data shared some other way"]),
+    (functools.partial(P.stage_recompute, own_order=True), "the schedule's order",
+     ["rank 1's message 3 was the activation of microbatch 2; its schedule sends the "
+      "gradient of microbatch 0 there", "Run the actions of work.actions one by one"]),
     (functools.partial(P.stage_recompute, twice=True),
      "each activation and gradient sent once, to its neighbour",
      ["the activation of microbatch 0 from stage 0 to stage 1 was sent 2 times"]),
@@ -76,7 +83,7 @@ def _grade(exercise, program):
 def test_one_f_one_b_right_programs_pass(program):
     report = _grade("one_f_one_b", program)
     assert report.passed, str(report)
-    assert report.cases_total == 11 and report.world_sizes[0] == 1 and report.world_sizes[-1] == 8
+    assert report.cases_total == 13 and report.world_sizes[0] == 1 and report.world_sizes[-1] == 8
 
 
 @pytest.mark.parametrize("program, check, phrases", OFOB_WRONG,
@@ -120,8 +127,9 @@ def test_pipeline_stage_cases_cover_the_schedules_modes_and_a_network():
 
 
 def test_ringlab_grade_bans_each_exercise_s_reference_module():
-    assert banned_modules("one_f_one_b")[-2:] == ("ringlab.pipeline.schedules",
-                                                  "ringlab.pipeline.stages")
+    assert banned_modules("one_f_one_b")[-3:] == (
+        "ringlab.pipeline.schedules", "ringlab.pipeline.stages",
+        "ringlab.grading.exercises.pipeline.one_f_one_b:_with_warmup,mistakes,diagnose")
     assert "ringlab.pipeline.schedules" not in banned_modules("pipeline_stage")
     assert "ringlab.pipeline.stages" in banned_modules("pipeline_stage")
     import cloudpickle
@@ -130,3 +138,74 @@ def test_ringlab_grade_bans_each_exercise_s_reference_module():
     from ringlab.pipeline import schedules
     assert not reference_in(cloudpickle.dumps(schedules.gpipe), ("pipeline/schedules",))
     assert not reference_in(cloudpickle.dumps(P.ofob_loop))
+
+
+# -- `ringlab grade` (each rank in its own process): ways around the ban of the reference --
+
+def _ref_schedules():
+    import importlib
+    return importlib.import_module(".".join(["ringlab", "pipeline", "schedules"]))
+
+
+def ofob_profiler_off(r, p, m):
+    import sys
+    sys.setprofile(None)                      # the guard's profile hook, switched off
+    return _ref_schedules().one_f_one_b_stage(r, p, m)
+
+
+def ofob_thread_without_hook(r, p, m):
+    import threading
+    threading._profile_hook = None            # new threads start without the hook
+    out, mod = [], _ref_schedules()
+    t = threading.Thread(target=lambda: out.append(mod.one_f_one_b_stage(r, p, m)))
+    t.start()
+    t.join()
+    return out[0]
+
+
+def ofob_caught(r, p, m):
+    try:
+        return _ref_schedules().one_f_one_b_stage(r, p, m)
+    except BaseException:                     # noqa: BLE001 - swallow whatever the guard raises
+        return []
+
+
+def ofob_exec_source(r, p, m):
+    import os
+    import ringlab.pipeline as pkg
+    path = os.path.join(os.path.dirname(pkg.__file__), "sche" + "dules.py")
+    ns = {"__name__": "mine"}
+    exec(compile(open(path).read(), "mine.py", "exec"), ns)
+    return ns["one_f_one_b_stage"](r, p, m)
+
+
+def ofob_grader_answer(r, p, m):
+    import importlib
+    g = importlib.import_module(".".join(["ringlab", "grading", "exercises", "pipeline",
+                                          "one_f_one_b"]))
+    return g._with_warmup(r, p, m, p - 1 - r)
+
+
+@pytest.mark.parametrize("program, phrase", [
+    (ofob_profiler_off, "called sys.setprofile"),
+    (ofob_thread_without_hook, "ringlab's own reference solution (pipeline/schedules.py)"),
+    (ofob_caught, "ringlab's own reference solution (pipeline/schedules.py)"),
+    (ofob_exec_source, "read the source of ringlab's reference solution (schedules.py)"),
+    (ofob_grader_answer, "reference solution (grading/exercises/pipeline/one_f_one_b.py)"),
+], ids=lambda x: getattr(x, "__name__", ""))
+def test_isolated_grading_catches_the_reference_however_it_is_reached(program, phrase):
+    """In `ringlab grade`'s rank processes the reference functions are replaced by a
+    stub that ends the rank, an audit hook watches the profiler, the sources and
+    ctypes, and a grader's own answer functions are removed too."""
+    import importlib
+    import cloudpickle
+    from ringlab.grading import GRADERS
+    from ringlab.grading.isolated import Submission, runner
+    from ringlab.grading.report import grade_cases
+    program.__module__ = "__main__"           # pickled by value, as from a notebook
+    module = importlib.import_module(f"ringlab.grading.{GRADERS['one_f_one_b']}")
+    report = grade_cases("one_f_one_b", module,
+                         Submission(cloudpickle.dumps(program), "one_f_one_b"), seed=1,
+                         runner=runner(banned=banned_modules("one_f_one_b")))
+    assert not report.passed and "ReferenceCalled" in str(report), report
+    assert phrase in str(report), report

@@ -41,7 +41,10 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
+import gc
 import importlib
+import importlib.util
 import multiprocessing
 import os
 import resource
@@ -82,10 +85,12 @@ def _rank_main(conn, program_bytes, memory_mb, banned=()):
     _limit(memory_mb)
     try:
         import cloudpickle
-        program = cloudpickle.loads(program_bytes)
-        _, x, args, kwargs, info = wire.recv(conn)
-        link = _Link(conn)
+        _CONN[0] = conn
+        # The guard goes up before the bytes are unpickled: unpickling runs code.
         with _no_reference(banned):
+            program = cloudpickle.loads(program_bytes)
+            _, x, args, kwargs, info = wire.recv(conn)
+            link = _Link(conn)
             result = program(_RemoteComm(link, info), x, *args, **dict(kwargs))
         bad = _bad_result(result)
         if bad:
@@ -106,22 +111,94 @@ class ReferenceCalled(Exception):
     """The program ran ringlab's own reference solution."""
 
 
+def _reference_files(banned):
+    """The source files of the ``banned`` modules, and the names of the answer
+    functions banned one by one ("pkg.module:fn1,fn2": a grader's own module
+    holds its driver, which runs here, and answers, which must not)."""
+    files, functions = set(), {}
+    for entry in banned:
+        name, _, only = entry.partition(":")
+        mod = importlib.import_module(name)   # first: a package imports its modules, which count too
+        if only:
+            functions[mod.__file__] = set(only.split(","))
+            continue
+        for m in list(sys.modules.values()):
+            if getattr(m, "__name__", "").startswith(name) and getattr(m, "__file__", None):
+                files.add(m.__file__)
+    return files, functions
+
+
+def _report_and_exit(why):
+    """Tell the grading process and end this rank now: an exception could be
+    caught by the program, ``os._exit`` cannot."""
+    conn = _CONN[0]
+    with contextlib.suppress(BaseException):
+        wire.send(conn, [0, ["error", "ReferenceCalled", why, ""]])
+    os._exit(0)
+
+
+_CONN = [None]        # the rank's pipe to the grader, for _report_and_exit
+_ARMED = [False]      # while the program runs
+
+
+def _poison(files, functions):
+    """Replace the code of every banned function in this process by a stub that
+    ends the rank: the reference no longer exists here, however the program
+    reaches it (sys.modules, gc, a package attribute, a thread without the
+    profile hook). The originals are dropped, not kept anywhere."""
+    stub_src = "def stub(*args, **kwargs):\n    _ringlab_reference_called()\n"
+    stub = {}
+    exec(compile(stub_src, "<reference removed by the grader>", "exec"), stub)
+    for obj in gc.get_objects():
+        if not isinstance(obj, types.FunctionType) or obj.__closure__:
+            continue
+        file = obj.__code__.co_filename
+        if file in files or obj.__code__.co_name in functions.get(file, ()):
+            where = os.path.relpath(file, os.path.dirname(os.path.dirname(__file__)))
+            obj.__globals__["_ringlab_reference_called"] = functools.partial(
+                _report_and_exit, f"the program called ringlab's own reference solution ({where})")
+            obj.__code__ = stub["stub"].__code__
+
+
+def _audit(files):
+    """An audit hook (it cannot be removed): while the program runs, switching
+    the profiler off, reading a reference's source or loading C code through
+    ctypes ends the rank."""
+    sources = {f for f in files} | {importlib.util.cache_from_source(f) for f in files
+                                     if f.endswith(".py")}
+
+    def hook(event, args):
+        if not _ARMED[0]:
+            return
+        if event in ("sys.setprofile", "sys.settrace"):
+            _report_and_exit(f"the program called {event} (the grader's guard against "
+                             f"running ringlab's reference solution)")
+        elif event.startswith("ctypes."):
+            _report_and_exit("the program used ctypes, which the grader does not allow")
+        elif event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+            path = os.path.realpath(os.fsdecode(args[0]))
+            if path in sources:
+                _report_and_exit(f"the program read the source of ringlab's reference "
+                                 f"solution ({os.path.basename(path)})")
+    sys.addaudithook(hook)
+
+
 @contextlib.contextmanager
 def _no_reference(banned):
     """Fail the rank if, while the program runs, a function of the ``banned``
     modules (ringlab's reference solutions for this exercise) is called, however
     the program reached it (an import under a name built at run time, a package
-    attribute). A profile hook sees every call, on this thread and on the
-    threads of ``comm.start`` works."""
-    files = set()
-    for name in banned:
-        importlib.import_module(name)   # first: a package imports its modules, which count too
-        for mod in list(sys.modules.values()):
-            if getattr(mod, "__name__", "").startswith(name) and getattr(mod, "__file__", None):
-                files.add(mod.__file__)
-    if not files:
+    attribute, gc). Three layers: the functions' code is replaced by a stub that
+    ends the rank; a profile hook sees every call (on this thread and on the
+    threads of ``comm.start`` works); an audit hook ends the rank if the program
+    switches the profiler off, reads a reference's source or uses ctypes."""
+    files, functions = _reference_files(banned)
+    if not files and not functions:
         yield
         return
+    real = {os.path.realpath(f) for f in files}
+    _poison(files, functions)
+    _audit(real)
     hit = []
 
     def hook(frame, event, arg):
@@ -129,9 +206,11 @@ def _no_reference(banned):
             hit.append(frame.f_code.co_filename)
     sys.setprofile(hook)
     threading.setprofile(hook)
+    _ARMED[0] = True
     try:
         yield
     finally:
+        _ARMED[0] = False
         sys.setprofile(None)
         threading.setprofile(None)
         if hit:

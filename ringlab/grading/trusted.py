@@ -21,6 +21,7 @@ ends, a kernel that dies), the notebook gets one row per exercise saying why.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pickletools
@@ -240,8 +241,13 @@ def banned_modules(exercise):
     allowed = _allowed(exercise)
     # A package named in ALLOWED_REFERENCES is allowed, but not its modules named
     # with a "/" here, unless the grader names that module itself ("pipeline/schedules").
-    return tuple(m for key, m in REFERENCE_MODULES.items() if key not in allowed
-                 and (key.split("/")[0] not in allowed or "/" in key))
+    modules = tuple(m for key, m in REFERENCE_MODULES.items() if key not in allowed
+                    and (key.split("/")[0] not in allowed or "/" in key))
+    # A grader module that computes right answers (for its diagnoses) names them in
+    # ANSWERS: they are banned one by one, since its driver runs in the rank.
+    grader = importlib.import_module(f"ringlab.grading.{GRADERS[exercise]}")
+    answers = getattr(grader, "ANSWERS", ())
+    return modules + ((f"{grader.__name__}:{','.join(answers)}",) if answers else ())
 
 
 def _allowed(exercise):

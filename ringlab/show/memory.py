@@ -41,8 +41,9 @@ COLOURS = COMPUTE_COLOURS
 
 
 def _uses_time(trace):
-    """Draw against simulated seconds, unless no memory event has any."""
-    return any(m.time > 0 for m in trace.memory)
+    """Draw against simulated seconds, unless the run has none. (A run whose
+    memory is all taken at time 0, as DP's, is still drawn to its end in seconds.)"""
+    return any(m.time > 0 for m in trace.memory) or trace.time > 0
 
 
 def memory_layers(trace, rank, *, group_labels=False):
@@ -140,7 +141,7 @@ def plot_memory(trace, ranks=None, ax=None, by_label=True, *, group_labels=False
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y / factor:g}"))
     ax.set_ylabel(f"memory held ({unit})")
     if _uses_time(trace):
-        scale, tunit = _time_unit(max(m.time for m in trace.memory))
+        scale, tunit = _time_unit(max([m.time for m in trace.memory] + [trace.time]))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda t, _: f"{t * scale:g}"))
         ax.set_xlabel(f"simulated time ({tunit})")
     else:

@@ -5,7 +5,9 @@
 ``zero1``: optimizer states sharded (P_os). ``zero2``: gradients too (P_os+g),
 reduce-scattered bucket by bucket during backward. ``zero3``: ZeRO-3 / FSDP,
 parameters sharded too and gathered layer by layer. ``accounting``: the ZeRO
-paper's memory and communication formulas."""
+paper's memory and communication formulas. ``compare``: DP and the three
+stages trained side by side, for their memory timelines (every program
+records what it holds with ``comm.alloc``/``free``) and bytes sent per step."""
 
 from .reference import data_parallel_adam, single_process_adam
 from .zero1 import zero1_adam, zero1_step

@@ -17,6 +17,17 @@ result up to rounding, and 1/N of the optimizer state. Rajbhandari et al.,
 "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models" (2020),
 Section 5.1.
 
+Memory (``comm.alloc``, once, at the start of ``zero1_adam``): "params" and
+"grads", the full model and its gradients in ``dtype`` (ZeRO-1 shards
+neither); "master", "adam.m", "adam.v": ``master_dtype`` numbers for this
+rank's padded shard only. The master weights are always a separate copy
+(``master_shard`` says why), even when ``master_dtype == dtype``. Nothing is
+allocated or freed during a step: the ReduceScatter reduces into the
+gradients' own buffer and the AllGather into the parameters', as DeepSpeed
+does (the copies numpy makes on the way are not counted), and activations are
+not recorded. So ``trace.memory_by_label(r)`` is the paper's 2Ψ + 2Ψ + 12Ψ/N
+in mixed precision, plus padding.
+
     >>> import numpy as np, ringlab
     >>> from ringlab.zero import data_parallel_adam
     >>> data = ringlab.nn.data.TeacherRegression(n_samples=64, dim=4, out=3)
@@ -28,28 +39,34 @@ Section 5.1.
     True
     >>> [c["span"] for c in res.trace.collectives()][:2]
     ['ring_reduce_scatter', 'ring_allgather']
+    >>> res.trace.memory_by_label(3)       # 59 float64 numbers and a 15-number shard
+    {'params': 472, 'grads': 472, 'master': 120, 'adam.m': 120, 'adam.v': 120}
 """
 
 import numpy as np
 
 from ..collectives import ring_allgather, ring_reduce_scatter
-from ..data_parallel.sync_sgd import local_gradient, shard
+from ..data_parallel.buckets import loss_and_backward
+from ..data_parallel.sync_sgd import shard
 from ..nn import Adam, flatten, mlp_model, mse
 from .sharding import check_shard, load_flat, master_shard
 
 
-def zero1_step(comm, model, opt, x, y, batch_size, loss_fn=mse):
+def zero1_step(comm, model, opt, x, y, batch_size, loss_fn=mse, *, flops_per_second=None):
     """One ZeRO-1 step on this rank's shard ``(x, y)`` of a global batch of
     ``batch_size`` samples. ``opt`` optimizes this rank's shard of the master
     weights (``Adam(master_shard(...))``); ``model`` is updated in place.
+    ``flops_per_second``: time forward and backward (``compute`` events).
     Returns the loss on this rank's samples."""
-    loss = local_gradient(model, x, y, loss_fn)
+    loss, backward = loss_and_backward(comm, model, x, y, flops_per_second, loss_fn)
+    for _ in backward:                         # ZeRO-1 waits for the whole gradient
+        pass
     # Padded to a multiple of N, so the ReduceScatter's chunks are equal and
     # chunk r is exactly the master shard rank r owns.
     grads = flatten(model.named_grads(), pad_to=comm.world_size)
     grads.data *= len(x) / batch_size          # my share of the batch, as in sync_sgd_step
     my_grad = ring_reduce_scatter(comm, grads.data)
-    # memory: the full flat gradient is no longer needed here (later: comm.free)
+    # ZeRO-1 keeps the full gradients ("grads"): only ZeRO-2 shards them.
     master = opt.params["param"]
     check_shard(comm, master, my_grad)
     opt.step(my_grad.astype(master.dtype))     # fp16 grads -> fp32 master, in mixed precision
@@ -59,20 +76,27 @@ def zero1_step(comm, model, opt, x, y, batch_size, loss_fn=mse):
 
 
 def zero1_adam(comm, batches, *, sizes, seed, lr, loss_fn=mse, dtype=np.float64,
-               master_dtype=None, **adam):
+               master_dtype=None, flops_per_second=None, **adam):
     """Train ``mlp_model(sizes)`` from ``seed`` with ZeRO-1 Adam on this rank's
     shard of each global batch. ``dtype``: the model's parameters, gradients
     and messages; ``master_dtype``: master weights and Adam's m, v (default
     ``dtype``; ``dtype=np.float16, master_dtype=np.float32`` is the paper's
-    mixed precision). Returns ``(losses, params)`` like ``data_parallel_adam``."""
+    mixed precision). ``flops_per_second`` as in ``zero1_step``. Returns
+    ``(losses, params)`` like ``data_parallel_adam``."""
     model = mlp_model(sizes, np.random.default_rng(seed), dtype=dtype)
-    # memory: this rank holds master weights, m and v for 1/N of the parameters
-    # (later: comm.alloc), and the full model and gradients in `dtype`.
-    opt = Adam(master_shard(model.named_parameters(), comm.rank, comm.world_size,
-                            master_dtype or dtype), lr, **adam)
+    master = master_shard(model.named_parameters(), comm.rank, comm.world_size,
+                          master_dtype or dtype)
+    opt = Adam(master, lr, **adam)
+    # What this rank holds for the whole run: the full model and gradients in
+    # `dtype`, master weights, m and v for 1/N of the parameters.
+    comm.alloc("params", sum(a.nbytes for a in model.named_parameters().values()))
+    comm.alloc("grads", sum(a.nbytes for a in model.named_grads().values()))
+    for label, array in [("master", master), ("adam.m", master), ("adam.v", master)]:
+        comm.alloc(label, array)
     losses = []
     for x, y in batches:
         p, r = comm.world_size, comm.rank
         xs, ys = shard(x, r, p).astype(dtype), shard(y, r, p).astype(dtype)
-        losses.append(zero1_step(comm, model, opt, xs, ys, len(x), loss_fn))
+        losses.append(zero1_step(comm, model, opt, xs, ys, len(x), loss_fn,
+                                 flops_per_second=flops_per_second))
     return losses, flatten(model.named_parameters()).data

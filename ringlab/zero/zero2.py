@@ -19,6 +19,16 @@ Cutting each bucket, as FSDP cuts each flat parameter, keeps the collective a
 plain ReduceScatter; the price is at most N-1 zeros of padding per bucket.)
 Rajbhandari et al. 2020, Section 5.2.
 
+Memory (``comm.alloc``): for the whole run (from ``zero2_adam``'s start)
+"params", the full model in ``dtype``; "grads", this rank's gradient pieces
+(``padded_numel / N`` numbers in ``dtype``, the reduced shard the optimizer
+reads); "master", "adam.m", "adam.v" for the same pieces in ``master_dtype``
+(the master is a copy, as in ZeRO-1). During a step: "bucket", each full
+bucket from its first gradient until its ReduceScatter ends (freed on the
+communication stream, at the time it ends). The model's per-layer ``.grads``
+are taken for autograd's short-lived gradients, copied into a bucket at once,
+and not counted; nor are activations.
+
     >>> import numpy as np, ringlab
     >>> from ringlab.zero import data_parallel_adam
     >>> data = ringlab.nn.data.TeacherRegression(n_samples=64, dim=4, out=3)
@@ -32,6 +42,14 @@ Rajbhandari et al. 2020, Section 5.2.
     ...                       .named_parameters(), world_size=4, cap_bytes=100)
     >>> layout.names, layout.numels, layout.padded   # backward order; 59 numbers in all
     ([['2.bias', '2.weight'], ['0.bias', '0.weight']], [24, 35], [24, 36])
+    >>> res.trace.memory_by_label(0, time=0.0)    # at the end: (24 + 36) / 4 = 15-number pieces
+    {'params': 472, 'grads': 120, 'master': 120, 'adam.m': 120, 'adam.v': 120}
+    >>> res.trace.peak_memory(0) - sum(_.values())   # + both buckets: 8 * (24 + 36) bytes
+    480
+
+Both at once because this run has no simulated time, so backward outruns the
+ReduceScatters; with ``flops_per_second`` and a fast network each bucket is
+gone before the next one fills, and the peak adds only the largest.
 """
 
 import numpy as np
@@ -90,8 +108,9 @@ def zero2_step(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
     for ready in backward:
         for name, g in ready.items():
             b = layout.where[name]
-            if buckets[b] is None:        # memory: a bucket exists from its first gradient
-                buckets[b] = layout.bucket(b, g.dtype)          # (later: comm.alloc)
+            if buckets[b] is None:        # a bucket exists from its first gradient
+                buckets[b] = layout.bucket(b, g.dtype)
+                comm.alloc("bucket", buckets[b].data)
             # The "autograd hook". (The model's own .grads stand in for autograd's
             # short-lived gradients, which a real ZeRO-2 frees right after this copy.)
             buckets[b].views[name][...] = g
@@ -101,11 +120,10 @@ def zero2_step(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
         while len(works) < len(buckets) and missing[len(works)] == 0:
             data = buckets[len(works)].data
             data *= len(x) / batch_size   # my share of the batch, as in sync_sgd_step
-            works.append(comm.start(ring_reduce_scatter, data))
+            works.append(comm.start(_reduce_scatter_bucket, data))
     # Only now wait: backward and the ReduceScatters ran side by side.
+    # What is left of the gradients is my_grad, 1/N of them: the "grads" pieces.
     my_grad = np.concatenate([work.wait() for work in works])
-    # memory: each full bucket can go once its ReduceScatter is done (later: comm.free);
-    # what is left of the gradients is my_grad, 1/N of them.
     buckets = None
     master = opt.params["param"]
     check_shard(comm, master, my_grad)
@@ -115,6 +133,14 @@ def zero2_step(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
     for names, piece in zip(layout.names, layout.pieces(master)):
         load_flat({n: params[n] for n in names}, ring_allgather(comm, piece.astype(dtype)))
     return loss
+
+
+def _reduce_scatter_bucket(comm, bucket):
+    """A bucket's ReduceScatter, then the full bucket is dropped: on the
+    communication stream, so that the free is recorded when the collective ends."""
+    mine = ring_reduce_scatter(comm, bucket)
+    comm.free("bucket", bucket)
+    return mine
 
 
 def zero2_adam(comm, batches, *, sizes, seed, lr, loss_fn=mse, dtype=np.float64,
@@ -127,9 +153,14 @@ def zero2_adam(comm, batches, *, sizes, seed, lr, loss_fn=mse, dtype=np.float64,
     model = mlp_model(sizes, np.random.default_rng(seed), dtype=dtype)
     layout = BucketShards(model.named_parameters(), comm.world_size, cap_bytes,
                           first_bucket_bytes)
-    # memory: master weights, m and v for this rank's pieces only (later: comm.alloc)
-    opt = Adam(layout.master_shard(model.named_parameters(), comm.rank, master_dtype or dtype),
-               lr, **adam)
+    master = layout.master_shard(model.named_parameters(), comm.rank, master_dtype or dtype)
+    opt = Adam(master, lr, **adam)
+    # Held for the whole run: the full model; gradients, master weights, m and v
+    # for this rank's pieces only.
+    comm.alloc("params", sum(a.nbytes for a in model.named_parameters().values()))
+    comm.alloc("grads", layout.padded_numel // comm.world_size * np.dtype(dtype).itemsize)
+    for label in ("master", "adam.m", "adam.v"):
+        comm.alloc(label, master)
     losses = []
     for x, y in batches:
         p, r = comm.world_size, comm.rank

@@ -32,8 +32,21 @@ step for L units, exactly 3 Psi. (FSDP does not reshard its *root* unit after
 forward, since backward needs it at once; in our model every parameter
 belongs to a child unit, as with per-layer wrapping.)
 
-Here the parameters are float64 and the shard is itself the master copy; with
-mixed precision, FSDP gathers a low-precision copy and keeps a float32 shard.
+By default the parameters are float64 and the shard is itself the master
+copy: Adam updates it in place, and the next AllGather sends it. With mixed
+precision (``dtype=np.float16, master_dtype=np.float32``) the shard, the
+gathers and the gradients are float16 and each unit keeps a separate float32
+``master`` shard, copied into the float16 shard after each step, as FSDP's
+``MixedPrecision`` does.
+
+Memory (``comm.alloc``): for the whole run (from ``zero3_adam``'s start)
+"params" and "grads", this rank's shards of every unit; "master" only with
+mixed precision; "adam.m", "adam.v" for the master shards. During a step:
+"params.full", a unit's gathered parameters, from the start of its AllGather
+(a prefetch's too) to its reshard; "grads.full", its full flat gradient, from
+its backward to its reshard. Activations are not recorded, nor is the
+final gather of ``full_parameters``, which only returns the result.
+
 The step equals plain data-parallel Adam, up to the order of the sums:
 
     >>> import numpy as np, ringlab
@@ -48,6 +61,11 @@ The step equals plain data-parallel Adam, up to the order of the sums:
     >>> calls = [s.name for s in res.trace.spans if s.rank == 0]
     >>> calls.count("ring_allgather"), calls.count("ring_reduce_scatter")
     (14, 6)
+    >>> res.trace.memory_by_label(0, time=0.0)   # units of 40 and 18 (+2) numbers: 10 + 5 each
+    {'params': 120, 'grads': 120, 'adam.m': 120, 'adam.v': 120}
+    >>> peak = res.trace.memory_by_label(0)      # backward of unit "2", unit "0" prefetched
+    >>> peak["params.full"], peak["grads.full"]  # 8 bytes x (20 + 40), 8 x 20
+    (480, 160)
 
 3 steps of 2L AllGathers and L ReduceScatters (L = 2 units), and L AllGathers
 at the end to return the full parameters.
@@ -77,13 +95,16 @@ class Unit:
         True
     """
 
-    def __init__(self, name, layers, rank, world_size, compute_time=0.0):
+    def __init__(self, name, layers, rank, world_size, compute_time=0.0, master_dtype=None):
         self.name, self.layers, self.compute_time = name, layers, compute_time
         self.rank, self.world_size = rank, world_size
         flat = FlatBuffer(layers[0].params, pad_to=world_size)   # FSDP's FlatParameter
         self.shapes, self.offsets, self.sizes = flat.shapes, flat.offsets, flat.sizes
         self.numel, self.padded = flat.numel, len(flat)
-        self.shard = flat.shard(rank, world_size).copy()   # mine: parameters and master copy
+        self.shard = flat.shard(rank, world_size).copy()   # mine: the parameters gathered
+        # The optimizer's copy: the shard itself, unless the master is in another precision.
+        separate = master_dtype is not None and np.dtype(master_dtype) != self.shard.dtype
+        self.master = self.shard.astype(master_dtype) if separate else None
         self.grad_shard = np.zeros_like(self.shard)        # my part of the summed gradient
         self.full = self.full_grad = None                  # the gathered vectors, when held
         self._prefetch = None                               # an AllGather in flight
@@ -98,7 +119,7 @@ class Unit:
         """Start this unit's AllGather on the communication stream (a no-op if
         its parameters are full or on their way)."""
         if self.full is None and self._prefetch is None:
-            # mem: alloc full params (the AllGather's output exists from now on)
+            comm.alloc("params.full", self._full_bytes)   # the AllGather's output, from now on
             self._prefetch = comm.start(ring_allgather, self.shard)
 
     def unshard(self, comm):
@@ -109,19 +130,28 @@ class Unit:
         if self._prefetch is not None:
             full, self._prefetch = self._prefetch.wait(), None
         else:
-            full = ring_allgather(comm, self.shard)      # mem: alloc full params
+            comm.alloc("params.full", self._full_bytes)
+            full = ring_allgather(comm, self.shard)
         self.full = full
         self.layer.params.update(self._views(self.full))
 
     def reshard(self, comm):
         """Free the full parameters and gradients; only the shards stay.
         (``comm``: to record the freed memory.)"""
-        self._drop()                                        # mem: free full params (+ grads)
+        if self.full is not None:
+            comm.free("params.full", self._full_bytes)
+        if self.full_grad is not None:
+            comm.free("grads.full", self.full_grad)
+        self._drop()
 
     def _drop(self):
         self.full = self.full_grad = None
         for name in self.shapes:
             self.layer.params[name] = self.layer.grads[name] = None
+
+    @property
+    def _full_bytes(self):
+        return self.padded * self.shard.itemsize
 
     def _views(self, flat):
         """The layer's named arrays as views into a full flat vector."""
@@ -141,7 +171,8 @@ class Unit:
         ``full_grad`` (the layers add into views of it); returns dx."""
         if self.compute_time:         # two matmuls per forward one: dW and dx
             comm.compute(2 * self.compute_time, "backward", layer=self.name)
-        self.full_grad = np.zeros(self.padded, self.shard.dtype)   # mem: alloc full grads
+        self.full_grad = np.zeros(self.padded, self.shard.dtype)
+        comm.alloc("grads.full", self.full_grad)
         self.layer.grads.update(self._views(self.full_grad))
         for layer in reversed(self.layers):
             dy = layer.backward(dy)
@@ -152,7 +183,7 @@ class ShardedModel:
     """A ``Sequential`` cut into ``units`` (one per layer with parameters), each
     rank holding its shard of each: what ``FSDP(model)`` wraps.
 
-    ``prefetch``, ``reshard_after_forward``: see the module's docstring.
+    ``prefetch``, ``reshard_after_forward``, ``master_dtype``: see the module's docstring.
     ``compute_time``: simulated seconds of each unit's forward (a number, or
     one per unit); its backward takes twice as long. 0: no compute events.
 
@@ -166,7 +197,7 @@ class ShardedModel:
     """
 
     def __init__(self, model, rank, world_size, *, prefetch=True, reshard_after_forward=True,
-                 compute_time=0.0):
+                 compute_time=0.0, master_dtype=None):
         self.prefetch, self.reshard_after_forward = prefetch, reshard_after_forward
         groups = []
         for i, layer in enumerate(model.layers):
@@ -183,7 +214,7 @@ class ShardedModel:
         if len(times) != len(groups):
             raise ValueError(f"rank {rank}: compute_time has {len(times)} entries, expected one "
                              f"per unit: {len(groups)} (or one number)")
-        self.units = [Unit(name, layers, rank, world_size, t)
+        self.units = [Unit(name, layers, rank, world_size, t, master_dtype)
                       for (name, layers), t in zip(groups, times)]
 
     def shards(self):
@@ -192,6 +223,11 @@ class ShardedModel:
 
     def grad_shards(self):
         return {u.name: u.grad_shard for u in self.units}
+
+    def masters(self):
+        """``{unit name: master shard}``: the shards themselves, or their separate
+        copies in ``master_dtype``."""
+        return {u.name: u.shard if u.master is None else u.master for u in self.units}
 
     def full_parameters(self, comm):
         """AllGather every unit and return all parameters as one flat vector,
@@ -203,7 +239,8 @@ class ShardedModel:
 def zero3_step(comm, model, opt, x, y, batch_size, loss_fn=mse):
     """One ZeRO-3 / FSDP step on this rank's shard ``(x, y)`` of a global batch
     of ``batch_size`` samples. ``model``: a ``ShardedModel``; ``opt``: an
-    optimizer over ``model.shards()``. Returns the loss on the shard."""
+    optimizer over ``model.masters()`` (``model.shards()`` unless it has a
+    ``master_dtype``). Returns the loss on the shard."""
     units, n_local = model.units, len(x)
     # Forward, first unit first: gather, compute, free.
     for i, unit in enumerate(units):
@@ -226,22 +263,36 @@ def zero3_step(comm, model, opt, x, y, batch_size, loss_fn=mse):
         unit.full_grad *= n_local / batch_size
         unit.grad_shard[...] = ring_reduce_scatter(comm, unit.full_grad)
         unit.reshard(comm)
-    opt.step(model.grad_shards())             # each rank: Adam on its 1/N
+    # Each rank: Adam on its 1/N, in the masters' precision.
+    opt.step({u.name: u.grad_shard.astype(m.dtype, copy=False)
+              for u, m in zip(units, model.masters().values())})
+    for unit in units:
+        if unit.master is not None:
+            unit.shard[...] = unit.master     # rounded to the low precision the gathers send
     return loss
 
 
 def zero3_adam(comm, batches, *, sizes, seed, lr, prefetch=True, reshard_after_forward=True,
-               compute_time=0.0, loss_fn=mse, **adam):
+               compute_time=0.0, loss_fn=mse, dtype=np.float64, master_dtype=None, **adam):
     """Train ``mlp_model(sizes)`` (from ``seed``) with ``zero3_step`` and Adam
     (``adam``: betas, eps, weight_decay) on this rank's shard of each global
-    batch. Returns ``(losses, params)`` like ``data_parallel_adam``: the full
-    parameters, gathered once at the end (in a span ``full_parameters``)."""
+    batch; ``dtype``, ``master_dtype`` as in ``zero1_adam``. Returns
+    ``(losses, params)`` like ``data_parallel_adam``: the full parameters,
+    gathered once at the end (in a span ``full_parameters``)."""
     p, r = comm.world_size, comm.rank
-    model = ShardedModel(mlp_model(sizes, np.random.default_rng(seed)), r, p,
+    model = ShardedModel(mlp_model(sizes, np.random.default_rng(seed), dtype=dtype), r, p,
                          prefetch=prefetch, reshard_after_forward=reshard_after_forward,
-                         compute_time=compute_time)
-    opt = Adam(model.shards(), lr, **adam)
+                         compute_time=compute_time, master_dtype=master_dtype)
+    opt = Adam(model.masters(), lr, **adam)
+    # Held for the whole run: shards only (a master copy only in mixed precision).
+    comm.alloc("params", sum(s.nbytes for s in model.shards().values()))
+    comm.alloc("grads", sum(g.nbytes for g in model.grad_shards().values()))
+    labels = ("master", "adam.m", "adam.v") if master_dtype is not None and \
+        np.dtype(master_dtype) != np.dtype(dtype) else ("adam.m", "adam.v")
+    for label in labels:
+        comm.alloc(label, sum(m.nbytes for m in model.masters().values()))
     losses = []
     for x, y in batches:
-        losses.append(zero3_step(comm, model, opt, shard(x, r, p), shard(y, r, p), len(x), loss_fn))
+        xs, ys = shard(x, r, p).astype(dtype), shard(y, r, p).astype(dtype)
+        losses.append(zero3_step(comm, model, opt, xs, ys, len(x), loss_fn))
     return losses, model.full_parameters(comm)

@@ -27,6 +27,8 @@ steady state.
 
 from fractions import Fraction
 
+import numbers
+
 import numpy as np
 
 from . import problem, problem_text
@@ -38,7 +40,11 @@ from ....pipeline.validate import peak_in_flight, timeline, bubble_ratio, valida
 NAME = "one_f_one_b"
 # ringlab.pipeline.actions and .validate are tools here; .schedules holds the answer
 ALLOWED_REFERENCES = ()
-CASES = [(4, 8), (2, 5), (3, 2), (1, 3), (3, 3), (5, 7), (8, 3), (8, 8), (8, 12), (6, 9)]
+# This module computes right lists (for the diagnoses); in a rank's process these
+# functions are removed (trusted.banned_modules): the driver runs there, the answers not.
+ANSWERS = ("_with_warmup", "mistakes", "diagnose")
+CASES = [(4, 8), (2, 5), (3, 2), (1, 3), (3, 3), (5, 7), (8, 3), (8, 8), (8, 12), (6, 9),
+         (3, 1), (1, 1)]
 RETURNS = 'one_f_one_b(r, p, m) -> a list of Actions, e.g. parse("0F0 0F1 0B0 ...")'
 HINT = ("Warm-up: p - 1 - r forwards (at most m). Steady state: one forward, then one backward "
         "(of the oldest microbatch in flight), until every forward has run. Cool-down: the "
@@ -104,13 +110,18 @@ def drive(comm, inp, learner):
         if not isinstance(a, Action):
             return problem(f"one_f_one_b({r}, {p}, {m})[{i}] is a {type(a).__name__} "
                            f"({repr(a)[:40]}), not an Action")
-        rows.append([KINDS.index(a.kind), a.mb, a.stage])
+        for field in ("mb", "stage"):
+            v = getattr(a, field)
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or not 0 <= v < 2**31:
+                return problem(f"one_f_one_b({r}, {p}, {m})[{i}].{field} is {v!r} "
+                               f"({type(v).__name__}): expected a whole number, 0 <= n < 2**31")
+        rows.append([KINDS.index(a.kind), int(a.mb), int(a.stage)])
     return [np.zeros(0), np.array(rows, dtype=np.int64).reshape(-1, 3)]
 
 
 def cases(rng):
     p = int(rng.integers(2, 8))
-    for p, m in [*CASES, (p, int(rng.integers(1, 3 * p)))]:
+    for p, m in [*CASES, (p, int(rng.integers(1, 5 * p)))]:
         yield Case(p, [[r, p, m] for r in range(p)], f"p={p} ranks, m={m} microbatches",
                    info=dict(p=p, m=m))
 

@@ -39,7 +39,10 @@ an ``AlphaBeta`` network. The checks, in order:
    (recorded payloads) holds exactly one microbatch's activation or gradient
    at one stage boundary, sent to the rank of the next (activation) or the
    previous (gradient) stage, and each of them is sent exactly once.
-   Zeros sent for show, with the data shared some other way, fail here.
+   Zeros sent for show, with the data shared some other way, fail here;
+5. "the schedule's order": each rank sends its messages in the order of its
+   actions (a program that runs its own plan, GPipe's order when given 1F1B,
+   gets the same gradients and messages, but not the same order).
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from ...report import Case, Failure, numbers, run_case
 from ..data_parallel import callable_learner
 from ....errors import DeadlockError
 from ....nn import GeLU, Linear, Sequential, mlp_model, mse
-from ....pipeline.actions import parse, stage_rank
+from ....pipeline.actions import parse, sends, stage_rank
 
 NAME = "pipeline_stage"
 # actions, schedules and validate are tools here; ringlab.pipeline.stages holds the answer
@@ -201,7 +204,8 @@ def cases(rng):
         yield Case(p, inputs, label, args=(names,),
                    info=dict(p=p, m=m, v=v, mode=mode, network=network, grads=grads,
                              per_mb=per_mb, payloads=payloads, names=names, rows=rows,
-                             mb_rows=[len(a) for a in xs], n_stages=n_stages))
+                             mb_rows=[len(a) for a in xs], n_stages=n_stages,
+                             schedule=schedule))
 
 
 # ---------------------------------------------------------------------------- the driver
@@ -392,7 +396,7 @@ def _messages(result, case):
     info = case.info
     p, n_stages, want = info["p"], info["n_stages"], info["payloads"]
     keys = list(want)
-    count = dict.fromkeys(keys, 0)
+    count, sent = dict.fromkeys(keys, 0), {}
     for e in result.trace:
         pay = result.payload(e) if result.payloads is not None else None
         if not (type(pay) is np.ndarray and pay.dtype == np.float64):
@@ -424,6 +428,7 @@ def _messages(result, case):
                            f"{stage_rank(to, p)}",
                            expected=f"rank {stage_rank(frm, p)} -> rank {stage_rank(to, p)} only",
                            got=f"rank {e.src} -> rank {e.dst}", hint=SEND_HINT)
+        sent.setdefault(e.src, []).append((e.step, len(sent.get(e.src, ())), match))
         count[match] += 1
         if count[match] > 1:
             return Failure(case.label, "each activation and gradient sent once, to its neighbour",
@@ -440,4 +445,32 @@ def _messages(result, case):
                            f"through the messages",
                            expected="each activation and each gradient sent exactly once",
                            got="never sent", hint=SEND_HINT)
+    return _in_schedule_order(case, sent)
+
+
+def _boundary(action, n_stages):
+    """The key of the message ``action`` sends: (what, boundary stage, microbatch)."""
+    what, to = sends(action, n_stages)
+    return (what, to - 1 if what == "activation" else to, action.mb)
+
+
+def _in_schedule_order(case, sent):
+    """Each rank sends in the order of its actions: a program that runs its own
+    plan (GPipe when given 1F1B, say) gets the same gradients and messages, but
+    not the same order."""
+    info = case.info
+    for r, actions in enumerate(info["schedule"]):
+        want = [_boundary(a, info["n_stages"]) for a in actions if sends(a, info["n_stages"])]
+        got = [k for *_, k in sorted(sent.get(r, []))]      # the rank's sends, in its order
+        if got != want:
+            i = next(i for i, (g, w) in enumerate(zip(got + [None] * len(want), want)) if g != w)
+            name = lambda k: f"the {k[0]} of microbatch {k[2]}" if k else "nothing"
+            return Failure(case.label, "the schedule's order",
+                           f"rank {r}'s message {i + 1} was {name(got[i] if i < len(got) else None)}"
+                           f"; its schedule sends {name(want[i])} there",
+                           expected="the messages in the order of the rank's actions: "
+                                    + " ".join(map(str, actions)),
+                           got=f"message {i + 1}: {name(got[i] if i < len(got) else None)}",
+                           hint="Run the actions of work.actions one by one, in their order: "
+                                "each F or B sends its result when it runs.")
     return None
