@@ -38,6 +38,11 @@ from .timeline import COMPUTE_COLOURS, _time_unit
 from ..trace import _group
 
 COLOURS = COMPUTE_COLOURS
+# The labels of Part 5's programs keep one colour each in every figure (tab10):
+# a model's copy and its gathered full form must not look alike.
+KNOWN = {"params": "#1f77b4", "params.full": "#aec7e8", "grads": "#ff7f0e",
+         "grads.full": "#ffbb78", "bucket": "#d62728", "master": "#2ca02c",
+         "adam.m": "#9467bd", "adam.v": "#8c564b", "activations": "#7f7f7f"}
 
 
 def _uses_time(trace):
@@ -91,7 +96,10 @@ def format_bytes(nbytes):
 
 
 def _colours(labels):
-    return {label: COLOURS[i % len(COLOURS)] for i, label in enumerate(labels)}
+    others = [c for c in COLOURS if c not in KNOWN.values()]
+    unknown = [label for label in labels if label not in KNOWN]
+    return {label: KNOWN.get(label) or others[unknown.index(label) % len(others)]
+            for label in labels}
 
 
 def plot_memory(trace, ranks=None, ax=None, by_label=True, *, group_labels=False, title=None,
