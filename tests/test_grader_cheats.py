@@ -20,6 +20,7 @@ from ringlab.grading import checks
 from ringlab.grading.report import Case, Failure, Report, grade_cases, run_case
 from ringlab.trace import Event, Trace
 
+import hierarchical_programs as HP
 import pipeline_programs as P
 import zero_programs as Z
 
@@ -376,6 +377,12 @@ CHEATS = [
     ("alltoall", a2a_always_equal_slots, "returns its result", ["rank 0's out[0] returned a AlwaysEqual"]),
     ("ring_alltoall", r2a_shared_memory, "delivered by a message", ["no message brought it"]),
     ("ring_alltoall", r2a_negated_passengers, "only whole blocks", ["belong to no block"]),
+    ("hierarchical_allreduce", HP.zeros_and_shared_memory, "the right partial sum",
+     ["at step 1 rank 0 (node 0, GPU 0) sent rank 1 (node 0, GPU 1) (inside the node)",
+      "not such a sum: [0, 0, 0, 0, ...]"]),
+    ("hierarchical_allreduce", HP.negated_across, "the right partial sum",
+     ["rank 0 (node 0, GPU 0) sent rank 4 (node 1, GPU 0) (between nodes)",
+      "summed over whole nodes"]),
     ("sync_sgd_step", sgd_shared_memory, "every message carries the ranks' gradients",
      ["shared outside the messages"]),
     ("sync_sgd_step", sgd_negated_chunks, "every message carries the ranks' gradients",
@@ -414,6 +421,7 @@ CHEATS = [
                               for c in CHEATS])
 def test_cheats_fail(exercise, program, check, phrases):
     SHARED.clear()
+    HP.SHARED.clear()
     report = ringlab.grade(exercise, program, seed=0, log=False)
     text = str(report)
     assert not report.passed and check in report.failure.check, text

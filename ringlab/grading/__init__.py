@@ -26,6 +26,7 @@ GRADERS = {
     "alltoall": "exercises.collectives.alltoall",
     "ring_alltoall": "exercises.collectives.ring_alltoall",
     "fix_ring_allgather": "exercises.collectives.fix_ring_allgather",
+    "hierarchical_allreduce": "exercises.collectives.hierarchical_allreduce",
     "sync_sgd_step": "exercises.data_parallel.sync_sgd_step",
     "bucketed_grad_sync": "exercises.data_parallel.bucketed_grad_sync",
     "async_ps": "exercises.data_parallel.async_ps",

@@ -46,10 +46,15 @@ FIELDS = ("notebook", "exercise", "result", "cases_passed", "cases_total", "fail
 # Part 4's are ringlab.pipeline.schedules (one_f_one_b's answer) and .stages
 # (pipeline_stage's); its actions and validate are tools for both.
 # Part 5's are all of ringlab.zero (ZeRO-1/2/3 steps, their layouts and units).
-REFERENCE = re.compile(r"^ringlab\.(collectives|grading|tensor_parallel|zero"
+# ringlab.collectives.hierarchical is hierarchical_allreduce's answer: banned even
+# where Part 1's collectives are allowed (it comes first, so that it, not the
+# package, is what matches).
+REFERENCE = re.compile(r"^ringlab\.(collectives\.hierarchical|collectives|grading"
+                       r"|tensor_parallel|zero"
                        r"|data_parallel\.(?:async_ps|sync_sgd|buckets)"
                        r"|pipeline\.(?:schedules|stages))\b"
-                       r"|/ringlab/(collectives|grading|tensor_parallel|zero"
+                       r"|/ringlab/(collectives/hierarchical|collectives|grading"
+                       r"|tensor_parallel|zero"
                        r"|data_parallel/(?:async_ps|sync_sgd|buckets)"
                        r"|pipeline/(?:schedules|stages))")
 MAX_SUBMISSION = 50 * 2**20
@@ -229,6 +234,7 @@ def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, s
 # a call into one of them while the program runs fails the grade, however the
 # program found it (a name built at run time escapes the scan of the bytes).
 REFERENCE_MODULES = {"collectives": "ringlab.collectives",
+                     "collectives/hierarchical": "ringlab.collectives.hierarchical",
                      "data_parallel/async_ps": "ringlab.data_parallel.async_ps",
                      "data_parallel/sync_sgd": "ringlab.data_parallel.sync_sgd",
                      "data_parallel/buckets": "ringlab.data_parallel.buckets",
