@@ -45,12 +45,16 @@ import numpy as np
 class Ledger:
     """One rank's account of the bytes its code holds (see the module's docstring)."""
 
-    def __init__(self):
+    def __init__(self, floor=None):
         if not tracemalloc.is_tracing():
             tracemalloc.start()
         self.held = self.peak = 0
         self.mark = None            # traced memory when this rank's current segment began
         self.stopped = False        # tracing was switched off while the rank ran
+        # A rank can free only what it holds: held far below zero means the traces
+        # were cleared (tracemalloc.clear_traces, stop and start) under the probe.
+        self.floor, self.tampered = floor, False
+        self.sentinel = None
 
     def resume(self):
         """This rank's code runs again (a call returned)."""
@@ -59,6 +63,9 @@ class Ledger:
             return
         tracemalloc.reset_peak()
         self.mark = tracemalloc.get_traced_memory()[0]
+        # A fresh object whose trace must still exist when the segment ends:
+        # clear_traces() (or stop and start) erases it, and the count with it.
+        self.sentinel = bytearray(8)
 
     def pause(self):
         """This rank's code stops (it enters a call, or the step ends)."""
@@ -67,10 +74,14 @@ class Ledger:
         if not tracemalloc.is_tracing():
             self.stopped, self.mark = True, None
             return
+        if tracemalloc.get_object_traceback(self.sentinel) is None:
+            self.tampered = "tracemalloc's traces were cleared (or tracing stopped and restarted)"
         now, peak = tracemalloc.get_traced_memory()
         self.peak = max(self.peak, self.held + peak - self.mark, self.held + now - self.mark)
         self.held += now - self.mark
         self.mark = None
+        if self.floor is not None and self.held < self.floor:
+            self.tampered = "the rank's traced memory fell by more than it could have freed"
 
     def charge(self, nbytes):
         """Bytes handed to the rank by a call (made while no one was charged)."""
@@ -188,3 +199,24 @@ def adopt(ledger, got, out):
     if hasattr(got, "wait"):
         return _Waitable(got, ledger, out)
     return got
+
+
+def ledger_for(comm, spec, model_bytes):
+    """The ledger of a measured case (None otherwise). Under ``ringlab grade`` (a
+    process per rank, where nothing else frees memory during the rank's code) a
+    fall of more than the model's size + 64 KiB below the step's start is
+    tampering; in one process the garbage collector may free another rank's
+    objects during this rank's code, so there is no floor."""
+    if not spec["measure"]:
+        return None
+    isolated = type(comm).__name__ == "_RemoteComm"
+    return Ledger(floor=-(model_bytes + 64 * 1024) if isolated else None)
+
+
+def tampered(ledger):
+    """Words for a measurement that cannot be trusted, or ''."""
+    if ledger.stopped:
+        return "tracemalloc was stopped"
+    if ledger.tampered:
+        return f"the grader's memory measurement was tampered with: {ledger.tampered}"
+    return ""

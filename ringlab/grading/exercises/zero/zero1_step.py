@@ -42,7 +42,7 @@ import numpy as np
 from ...report import Failure, run_case
 from ..data_parallel import callable_learner
 from . import common as C
-from .memory import Ledger, MemoryProbe
+from .memory import MemoryProbe, ledger_for, tampered
 from ....nn import Adam, FlatBuffer, flatten, mlp_model
 
 NAME = "zero1_step"
@@ -72,7 +72,7 @@ def _train(comm, steps, spec, learner):
     model = mlp_model(spec["sizes"], np.random.default_rng(spec["seed"]))
     master = FlatBuffer(model.named_parameters(), pad_to=n).shard(r, n).copy()
     opt = Adam(master, spec["lr"])
-    ledger = Ledger() if spec["measure"] else None
+    ledger = ledger_for(comm, spec, 8 * sum(v.size for v in model.named_parameters().values()))
     probe = MemoryProbe(comm, ledger) if ledger else comm
     shapes = {k: v.shape for k, v in model.named_parameters().items()}
     memory = []
@@ -82,8 +82,8 @@ def _train(comm, steps, spec, learner):
         learner(probe, model, opt, x, y, batch)
         if ledger:
             memory.append(ledger.step_end())
-            if ledger.stopped:
-                return C.report_problem("memory is measured", "tracemalloc was stopped")
+            if tampered(ledger):
+                return C.report_problem("memory is measured", tampered(ledger))
         bad = shard_state(opt, master, t, r) or model_state(model, shapes, r)
         if bad:
             return bad

@@ -34,6 +34,12 @@ below a ZeRO-1 step's on these small models; what separates the stages is
 the trace (one ReduceScatter per bucket, started during backward), checked
 in 5 and 6. Memory catches what a rank keeps: a full master or full Adam
 moments.
+
+What the overlap check (6) trusts: the backward's ``comm.compute`` events
+come from the program (through ``loss_and_backward``). A program that runs
+the whole backward at once and then emits made-up "backward" events around
+its ReduceScatters fakes an overlap the grader cannot tell from a real one;
+the values, messages and memory it checks are still its own measurements.
 """
 
 import functools
@@ -43,7 +49,7 @@ import numpy as np
 from ...report import Failure
 from ..data_parallel import callable_learner
 from . import common as C
-from .memory import Ledger, MemoryProbe
+from .memory import MemoryProbe, ledger_for, tampered
 from .zero1_step import memory, model_state, shard_state
 from ....cost.alpha_beta import AlphaBeta
 from ....nn import Adam, FlatBuffer, mlp_model
@@ -127,7 +133,7 @@ def _train(comm, steps, spec, learner):
     layout = BucketLayout(model.named_parameters(), n, spec["segments"])
     master = layout.master_shard(model.named_parameters(), r).copy()
     opt = Adam(master, spec["lr"])
-    ledger = Ledger() if spec["measure"] else None
+    ledger = ledger_for(comm, spec, 8 * sum(v.size for v in model.named_parameters().values()))
     probe = MemoryProbe(comm, ledger) if ledger else comm
     shapes = {k: v.shape for k, v in model.named_parameters().items()}
     memory_ = []
@@ -137,8 +143,8 @@ def _train(comm, steps, spec, learner):
         learner(probe, model, opt, x, y, batch, layout=layout, flops_per_second=FLOPS)
         if ledger:
             memory_.append(ledger.step_end())
-            if ledger.stopped:
-                return C.report_problem("memory is measured", "tracemalloc was stopped")
+            if tampered(ledger):
+                return C.report_problem("memory is measured", tampered(ledger))
         bad = shard_state(opt, master, t, r) or model_state(model, shapes, r)
         if bad:
             return bad

@@ -43,7 +43,7 @@ import numpy as np
 from ...report import Failure
 from ..data_parallel import callable_learner
 from . import common as C
-from .memory import Ledger, MemoryProbe
+from .memory import MemoryProbe, ledger_for, tampered
 from .zero1_step import SLACK
 from ....nn import Adam, FlatBuffer, mlp_model
 
@@ -130,7 +130,7 @@ def _train(comm, steps, spec, learner):
     model = ShardedModel(mlp_model(spec["sizes"], np.random.default_rng(spec["seed"])), r, n)
     opt = Adam(model.shards(), spec["lr"])
     shards = [u.shard for u in model.units]
-    ledger = Ledger() if spec["measure"] else None
+    ledger = ledger_for(comm, spec, 8 * sum(u.padded for u in model.units))
     probe = MemoryProbe(comm, ledger) if ledger else comm
     memory = []
     for t, (x, y, batch) in enumerate(steps):
@@ -139,8 +139,8 @@ def _train(comm, steps, spec, learner):
         learner(probe, model, opt, x, y, batch)
         if ledger:
             memory.append(ledger.step_end())
-            if ledger.stopped:
-                return C.report_problem("memory is measured", "tracemalloc was stopped")
+            if tampered(ledger):
+                return C.report_problem("memory is measured", tampered(ledger))
         bad = state(model, opt, shards, t, r)
         if bad:
             return bad
