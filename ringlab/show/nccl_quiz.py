@@ -115,7 +115,7 @@ _STYLE = """
 .ringlab-quiz{font:14px/1.4 sans-serif;border:1px solid #ccc;border-radius:6px;
   padding:.6em .9em;margin:.5em 0}
 .ringlab-quiz select,.ringlab-quiz button{font:inherit;margin-right:.8em}
-.ringlab-quiz table{border-collapse:collapse;margin-top:.3em}
+.ringlab-quiz table{border-collapse:collapse;margin:.3em 0}
 .ringlab-quiz td,.ringlab-quiz th{padding:0 .8em;text-align:left}
 .ringlab-quiz .answer{margin-top:.4em;min-height:1.5em}
 """
