@@ -24,11 +24,14 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build . --builder html -W --keep-going
 	@echo "Open _build/html/index.html in a browser."
 
+# Two worker processes, each running whole files (tests in a file share fixtures).
+XDIST   := -n 2 --dist loadfile
+
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
 notebooks: $(STAMP)
-	$(BIN)/python -m pytest -q --nbval-lax -p no:cacheprovider exercises solutions
+	$(BIN)/python -m pytest -q $(XDIST) --nbval-lax -p no:cacheprovider exercises solutions
 
 # Checks on the built book: chapter heights in a 1400 x 900 browser, output widths
 # (tests/test_book_shape.py; skipped by `make unit`, which builds no book).
