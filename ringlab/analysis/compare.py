@@ -39,6 +39,7 @@ def label(layout):
     out += f"-v{layout.interleave}" if layout.interleave > 1 else ""
     out += "-sp" if layout.sp else ""
     out += f"-z{layout.zero}" if layout.zero else ""
+    out += {"selective": "-sel", "full": "-full"}.get(layout.recompute, "")
     return out
 
 
