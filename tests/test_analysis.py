@@ -332,3 +332,17 @@ def test_compare_layouts_columns():
     assert reports[1].by_kind()["tp_allreduce"] > reports[0].by_kind()["tp_allreduce"]
     assert math.isclose(reports[0].flops, reports[1].flops)
     assert len(text.splitlines()) == 15
+
+
+def test_compare_layouts_wide_labels_go_on_two_lines():
+    m, hw = presets.MODELS["gpt3-175b"], presets.HARDWARE["dgx-a100"]
+    lays = [Layout(dp=32, tp=8, pp=4, global_batch=1536, zero=1, recompute=rc)
+            for rc in ("selective", "none", "full")]
+    lays.append(Layout(dp=16, tp=8, pp=8, global_batch=1536, zero=1, sp=True,
+                       recompute="selective", micro_batch=2))
+    text = compare_layouts(m, hw, lays)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 88 and len(lines) == 16
+    assert lines[0].split() == ["layout"] + ["dp32-tp8-pp4"] * 3 + ["dp16-tp8-pp8"]
+    assert lines[1].split() == ["z1-sel", "z1", "z1-full", "b2-sp-z1-sel"]
+    assert lines[-1].split() == ["fits", "yes", "yes", "yes", "yes"]

@@ -37,18 +37,28 @@ def _kind(report, prefix):
 def label(layout):
     out = f"dp{layout.dp}-tp{layout.tp}-pp{layout.pp}"
     out += f"-v{layout.interleave}" if layout.interleave > 1 else ""
+    out += f"-b{layout.micro_batch}" if layout.micro_batch > 1 else ""
     out += "-sp" if layout.sp else ""
     out += f"-z{layout.zero}" if layout.zero else ""
+    out += {"selective": "-sel", "full": "-full"}.get(layout.recompute, "")
     return out
 
 
 def compare_layouts(model, hardware, layouts, reports=False):
-    """A text table, one column per layout (``reports=True``: also the reports)."""
+    """A text table, one column per layout (``reports=True``: also the reports).
+    Labels too wide for 88 columns in all go on two header lines, the degrees
+    (``dp8-tp8-pp4``) above the options (``sp-z1-sel``)."""
     done = [analyze(model, lay, hardware) for lay in layouts]
     names = [label(lay) for lay in layouts]
-    width = max(12, *(len(n) + 2 for n in names))
-    lines = [f"{'layout':<17}" + "".join(f"{n:>{width}}" for n in names)]
+    one_line = 17 + sum(max(12, len(n) + 2) for n in names)
+    heads = [[n] for n in names]
+    if one_line > 88:
+        heads = [["-".join(n.split("-")[:3]), "-".join(n.split("-")[3:])] for n in names]
+    widths = [max(12, *(len(part) + 2 for part in head)) for head in heads]
+    lines = [f"{'layout' if i == 0 else '':<17}"
+             + "".join(f"{head[i]:>{w}}" for head, w in zip(heads, widths))
+             for i in range(len(heads[0]))]
     for title, cell in ROWS:
-        lines.append(f"{title:<17}" + "".join(f"{cell(r):>{width}}" for r in done))
+        lines.append(f"{title:<17}" + "".join(f"{cell(r):>{w}}" for r, w in zip(done, widths)))
     text = "\n".join(lines)
     return (text, done) if reports else text
