@@ -379,7 +379,7 @@ CHEATS = [
     ("ring_alltoall", r2a_negated_passengers, "only whole blocks", ["belong to no block"]),
     ("hierarchical_allreduce", HP.zeros_and_shared_memory, "the right partial sum",
      ["at step 1 rank 0 (node 0, GPU 0) sent rank 1 (node 0, GPU 1) (inside the node)",
-      "not such a sum: [0, 0, 0, 0, ...]"]),
+      "not a ring's piece (a block of n/G summed over ranks): [0, 0, 0, 0, ...]"]),
     ("hierarchical_allreduce", HP.negated_across, "the right partial sum",
      ["rank 0 (node 0, GPU 0) sent rank 4 (node 1, GPU 0) (between nodes)",
       "summed over whole nodes"]),

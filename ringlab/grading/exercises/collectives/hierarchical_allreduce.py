@@ -394,7 +394,7 @@ def _bad_payload(case, e, p, places, where, want):
     if not isinstance(p, np.ndarray) or p.dtype != np.float64 or p.ndim != 1:
         held = f"an array of shape {np.shape(p)} and dtype {getattr(p, 'dtype', type(p).__name__)}"
     else:
-        held = f"{p.size} values that are not such a sum"
+        held = f"{p.size} values that are not a ring's piece (a block of n/G summed over ranks)"
         if case.info["decodable"]:
             for place in places:
                 s = place[1] if isinstance(place, tuple) else place
@@ -408,7 +408,9 @@ def _bad_payload(case, e, p, places, where, want):
                    f"at step {e.step} {_where(e.src, g)} sent {_where(e.dst, g)} ({where}) {held}",
                    expected=want, got=f"{held}: {numbers(p)}",
                    hint="Send your data as it is after adding what you received: the real partial "
-                        "sums, unchanged, as float64. The grader reads every message.")
+                        "sums, unchanged, as float64. The grader reads every message and follows "
+                        "the ring algorithms of Part 1 (array_split blocks); a tree or a "
+                        "bidirectional ring moves other pieces, even when they are right sums.")
 
 
 # -- 7. time ------------------------------------------------------------------------------
