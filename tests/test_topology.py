@@ -162,17 +162,17 @@ def test_progressive_filling_gives_every_flow_a_bottleneck(seed, n_links, n_flow
 def test_flowsim_a_later_flow_slows_an_earlier_one():
     """Link of 10 B/s. Flow a: 30 bytes at t=0. Flow b: 10 bytes at t=1.
     a alone for 1 s (10 bytes, 20 left); then 5 B/s each: b's 10 bytes take
-    2 s (ends at 3), a has 10 left and finishes alone at 10 B/s: ends at 4."""
+    2 s (drained at 3), a has 10 left and finishes alone at 10 B/s: at 4.
+    Each arrives its latency (0.25 s) after its last byte left."""
     sim = FlowSim([10.0])
-    a = sim.add((0,), 10.0, 0.0, 30, 0.0, "a")
-    sim.advance(sim.next_time())
-    assert a.end == 3.0                       # what it would be if nobody came
-    while (t := sim.next_time()) is not None and t <= 1.0:
-        sim.advance(t)
-    b = sim.add((0,), 10.0, 0.0, 10, 1.0, "b")
+    a = sim.add((0,), 10.0, 0.25, 30, 0.0, "a")
+    assert a.end == 3.25                      # what it would be if nobody came
+    assert sim.next_time() == 3.0
+    b = sim.add((0,), 10.0, 0.25, 10, 1.0, "b")
+    assert (a.end, b.end) == (5.25, 3.25)     # predicted while both share: 20 bytes at 5 B/s
     while (t := sim.next_time()) is not None:
         sim.advance(t)
-    assert (a.end, b.end) == (4.0, 3.0)
+    assert (a.end, b.end) == (4.25, 3.25)
 
 
 # -- runs on a topology -------------------------------------------------------------------

@@ -18,34 +18,39 @@ time that includes contention::
 
 What a message costs. A message of ``n`` bytes sent at time ``t``:
 
-1. waits its **latency**: ``alpha`` (per message, as AlphaBeta's) plus the
-   latencies of the links of its route, using no bandwidth (as in SimGrid);
-2. then crosses every link of its route at once, at the rate its fair share
-   gives it; rates change whenever a flow joins or leaves a link it shares
-   (progressive filling again, on the flows connected to that link);
-3. arrives when its last byte is through: ``event.end``. The sender's
-   ``send`` returns then too (a blocking send in ringlab returns when the
-   message has left; here that is when it has arrived, as for a rendezvous).
+1. streams through every link of its route at once, from ``t`` on, at the
+   rate its fair share gives it (bytes flow through a switch without waiting
+   for the whole message: cut-through, the flow-level view); rates change
+   whenever a flow joins or leaves a link it shares, and progressive filling
+   recomputes them for the flows connected to that link;
+2. arrives its **latency** after its last byte left: ``alpha`` (per message,
+   as AlphaBeta's) plus the latencies of the links of its route. That is
+   ``event.end``; the sender's ``send`` returns then too (as on AlphaBeta,
+   a blocking send here returns once the message is through).
 
-On its own a message takes ``t + latency + n / (slowest link)``: on a
-non-blocking topology where every rank has its own link pair, with link
-latency ``alpha / 2`` (or 0 and ``alpha=``) and bandwidth ``1 / beta``, every
-time equals ``AlphaBeta(alpha, beta)``'s. Links are **full duplex** (one
-capacity per direction). There is no one-port rule: a GPU's link to its switch
-(its NVLink, its NIC) is a link of the graph, so two messages a GPU sends at
-once share it, each at half speed, instead of queueing one after the other.
-Steps (``event.step``) are still those of the one-port model: a logical clock.
+On its own a message takes ``latency + n / (slowest link)``: on a non-blocking
+topology where every rank has its own link pair, with link latency
+``alpha / 2`` (or 0 and ``alpha=``) and bandwidth ``1 / beta``, every time
+equals ``AlphaBeta(alpha, beta)``'s. Links are **full duplex** (one capacity
+per direction). There is no one-port rule: a GPU's link to its switch (its
+NVLink, its NIC) is a link of the graph, so two messages a GPU sends at once
+share it, each at half speed, instead of queueing one after the other. Steps
+(``event.step``) are still those of the one-port model: a logical clock.
 
 How arrival times are made exact. Under max-min sharing a flow's end depends on
 flows that start *after* it (they take part of its links), so it cannot be
 known when the message is sent. The simulator runs ranks in simulated-time
-order; this network is one more actor of that scheduler (``ringlab.sim.world``):
-its next event is the earliest flow to finish or to clear its latency, and it
-runs only when every rank has reached that time, i.e. when no flow still to be
-sent can start before it. Only then does it end the flows due, wake the ranks
-waiting on them, re-share the links, and book its next event. Between events
-every rate is constant, so a flow's end ``base + (latency + bytes / rate)`` is
-exact (up to floating point) and a flow never disturbed keeps the closed form.
+order; this network is one more actor of that scheduler (``ringlab.sim.world``).
+A message joins the links when it is sent (the sender is then the furthest
+behind of all actors, so nothing earlier can still happen). The network's next
+event is the earliest moment a flow's last byte leaves, and it runs only once
+every rank has reached that time, so no flow still to be sent can start before
+it and change it. It then ends the flows due (their arrival, that moment plus
+the latency, is now certain), wakes the ranks waiting on them, re-shares the
+links, and books its next event. Between events every rate is constant, so the
+times are exact up to floating point; a flow never disturbed arrives at
+``t + (latency + n / bandwidth)``, AlphaBeta's ``t + (alpha + beta n)`` to the
+last bit when ``n / bandwidth == beta n`` (a power-of-two bandwidth).
 
 A sizes-only mode for big runs: ``scale=k`` prices every message as ``k`` times
 its bytes, so a run with small arrays takes the time of one with ``k`` times
@@ -171,65 +176,89 @@ class Topology:
 
 
 class Flow:
-    """A message on the wire. Its current segment: from ``base``, ``lat``
-    seconds of latency still to wait, then ``rem`` bytes at ``rate``."""
+    """A message on the wire. From ``base`` it has ``rem`` bytes left, moving
+    at ``rate``; its last byte leaves the links at ``drain`` and arrives
+    ``lat`` seconds later, at ``end``."""
 
-    __slots__ = ("links", "cap", "token", "base", "lat", "rem", "rate", "end", "version", "seq")
+    __slots__ = ("links", "cap", "token", "lat", "base", "rem", "rate", "drain", "end",
+                 "version", "seq")
 
     def __init__(self, links, cap, token, start, latency, nbytes, seq):
-        self.links, self.cap, self.token, self.seq = links, cap, token, seq
-        self.base, self.lat, self.rem = start, latency, float(nbytes)
-        self.rate, self.end, self.version = 0.0, None, 0
+        self.links, self.cap, self.token, self.lat, self.seq = links, cap, token, latency, seq
+        self.base, self.rem = start, float(nbytes)
+        self.rate, self.drain, self.end, self.version = 0.0, None, None, 0
 
 
 class FlowSim:
-    """The flow-level simulator: flows join after their latency, share links
-    max-min fairly, and end. Events are handed to it in time order:
-    ``add(...)`` at its start time, ``advance(t)`` at each ``next_time()``.
+    """The flow-level simulator: flows take their share of every link of their
+    route from the moment they are sent, and arrive their latency after their
+    last byte left. It is told what happens in time order: ``add(...)`` a flow
+    at its send time, ``advance(t)`` at each ``next_time()`` that comes first.
 
         >>> sim = FlowSim([10.0])                 # one link, 10 bytes/s
-        >>> a = sim.add((0,), 10.0, 0.0, 10, 0.0, "a")
-        >>> b = sim.add((0,), 10.0, 0.0, 10, 0.0, "b")
+        >>> a = sim.add((0,), 10.0, 0.5, 10, 0.0, "a")
+        >>> b = sim.add((0,), 10.0, 0.5, 10, 0.0, "b")
         >>> while (t := sim.next_time()) is not None:
         ...     sim.advance(t)
-        >>> a.end, b.end                          # 10 bytes each at 5 bytes/s
-        (2.0, 2.0)
+        >>> a.end, b.end                          # 10 bytes each at 5 bytes/s, then 0.5 s
+        (2.5, 2.5)
     """
 
     def __init__(self, capacity, on_end=None, record=False):
+        """``on_end(token, end)`` is called as each flow's arrival becomes certain."""
         self.capacity = capacity
         self.on_link = {}              # link -> {flow: None}: the flows on it, in arrival order
-        self.starts, self.ends = [], []   # heaps: (time, seq, flow) and (end, seq, version, flow)
+        self.drains = []               # heap of (drain, seq, version, flow)
         self.now, self.seq = 0.0, 0
         self.on_end = on_end
         self.loads = {} if record else None   # link -> [(time, total rate)]
 
     def add(self, links, cap, latency, nbytes, start, token):
-        """A flow over ``links`` (bottleneck ``cap``) sent at ``start``."""
+        """A flow over ``links`` (bottleneck ``cap``) sent at ``start``: it takes
+        its share now (every event before ``start`` must have been processed)."""
         if start < self.now:
             raise RuntimeError(f"a flow sent at {start} after the network reached {self.now}")
+        self.now = start
         self.seq += 1
         f = Flow(links, cap, token, start, latency, nbytes, self.seq)
-        heapq.heappush(self.starts, (start + latency, self.seq, f))
+        if not f.rem or not links:                # nothing to carry: there after its latency
+            f.drain, f.end = start, start + latency
+            if self.on_end is not None:
+                self.on_end(f.token, f.end)
+            return f
+        on_link, alone = self.on_link, True
+        for link in links:
+            others = on_link.get(link)
+            if others is None:
+                others = on_link[link] = {}
+            elif others:
+                alone = False
+            others[f] = None
+        if alone:                                 # its own links: the slowest one's bandwidth
+            f.rate = cap                          # (as _set_rate, inlined: the common case)
+            left = f.rem / cap
+            f.drain, f.end, f.version = start + left, start + (latency + left), 1
+            heapq.heappush(self.drains, (f.drain, f.seq, 1, f))
+            if self.loads is not None:
+                self._record(links, start)
+        else:
+            self._reshare(links, start)
         return f
 
     def next_time(self):
-        """When the next flow clears its latency or ends (None: nothing on the wire)."""
-        ends = self.ends
-        while ends and ends[0][2] != ends[0][3].version:     # superseded by a new rate
-            heapq.heappop(ends)
-        t = ends[0][0] if ends else None
-        if self.starts and (t is None or self.starts[0][0] < t):
-            t = self.starts[0][0]
-        return t
+        """When the next flow's last byte leaves its links (None: nothing on the wire)."""
+        drains = self.drains
+        while drains and drains[0][2] != drains[0][3].version:   # superseded by a new rate
+            heapq.heappop(drains)
+        return drains[0][0] if drains else None
 
     def advance(self, now):
-        """Process everything due at ``now``: end flows, start flows, re-share."""
+        """End the flows whose last byte has left by ``now``, and re-share their links."""
         self.now = now
         on_link, done, changed, quiet = self.on_link, [], [], []
-        ends, starts = self.ends, self.starts
-        while ends and ends[0][0] <= now:
-            _, _, version, f = heapq.heappop(ends)
+        drains = self.drains
+        while drains and drains[0][0] <= now:
+            _, _, version, f = heapq.heappop(drains)
             if version != f.version:
                 continue
             shared = False
@@ -237,35 +266,16 @@ class FlowSim:
                 others = on_link[link]
                 del others[f]
                 shared = shared or bool(others)
-            # Others on its links go faster now; a flow that was alone frees them for nobody.
+            # Others on its links may go faster now; if it was alone, nobody does.
             (changed if shared else quiet).extend(f.links)
             done.append(f)
-        while starts and starts[0][0] <= now:
-            t, _, f = heapq.heappop(starts)
-            if not f.rem or not f.links:          # nothing to carry: done once its latency is
-                f.end = t
-                done.append(f)
-                continue
-            alone = True
-            for link in f.links:
-                others = on_link.get(link)
-                if others is None:
-                    others = on_link[link] = {}
-                elif others:
-                    alone = False
-                others[f] = None
-            if alone:                             # its own links: the slowest one's bandwidth
-                self._set_rate(f, f.cap, now)
-                quiet += f.links
-            else:
-                changed += f.links
         if changed:
             self._reshare(changed, now)
         if self.loads is not None:
             self._record(quiet, now)
         if self.on_end is not None:
             for f in done:
-                self.on_end(f)
+                self.on_end(f.token, f.end)
 
     def _reshare(self, changed, now):
         """New max-min rates for the flows connected (through shared links) to a
@@ -308,12 +318,15 @@ class FlowSim:
 
     def _set_rate(self, f, rate, now):
         if f.rate:          # it was moving bytes: its segment ends now
-            f.rem = max(f.rem - f.rate * (now - (f.base + f.lat)), 0.0)
-            f.base, f.lat = now, 0.0
+            f.rem = max(f.rem - f.rate * (now - f.base), 0.0)
+            f.base = now
         f.rate = rate
-        f.end = f.base + (f.lat + f.rem / rate)
+        # Written so that a flow never disturbed arrives at start + (latency + n / rate),
+        # to the last bit the AlphaBeta time start + (alpha + beta n) when n / rate == beta n.
+        left = f.rem / rate
+        f.drain, f.end = f.base + left, f.base + (f.lat + left)
         f.version += 1
-        heapq.heappush(self.ends, (f.end, f.seq, f.version, f))
+        heapq.heappush(self.drains, (f.drain, f.seq, f.version, f))
 
 
 class FlowNetwork:
@@ -322,29 +335,31 @@ class FlowNetwork:
     deferred = True          # tells the world: arrivals are known later (see the module doc)
 
     def __init__(self, topology):
-        self.topology, self.world = topology, None
-        self.sim = FlowSim(topology.capacity, self._arrived)
+        self.topology, self.world, self.sim = topology, None, None
+        self.routes, self.scale = topology._routes, topology.scale
 
     def bind(self, world):
         self.world = world
+        self.sim = FlowSim(self.topology.capacity, world._delivered)
 
     def transfer(self, src, dst, nbytes, ready):
         """The world asks when a message ends: it starts now, and ends later."""
         return ready, None
 
     def launch(self, src, dst, nbytes, start, req):
-        links, cap, lat = self.topology.route(src, dst)
-        self.sim.add(links, cap, lat, nbytes * self.topology.scale, start, req)
-        self.world._network_at(start + lat)
+        """Put a message on the wire at ``start`` (the world's present)."""
+        route = self.routes.get((src, dst)) or self.topology.route(src, dst)
+        sim = self.sim
+        sim.add(*route, nbytes * self.scale, start, req)
+        t, wake = sim.next_time(), self.world.net_wake
+        if t is not None and (wake is None or t < wake.time):
+            self.world._network_at(t)
 
     def advance(self, now):
         self.sim.advance(now)
         t = self.sim.next_time()
         if t is not None:
             self.world._network_at(t)
-
-    def _arrived(self, f):
-        self.world._delivered(f.token, f.end)
 
     def release(self):
         self.world = self.sim = None
