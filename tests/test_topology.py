@@ -166,9 +166,11 @@ def test_flowsim_a_later_flow_slows_an_earlier_one():
     Each arrives its latency (0.25 s) after its last byte left."""
     sim = FlowSim([10.0])
     a = sim.add((0,), 10.0, 0.25, 30, 0.0, "a")
+    sim.advance(sim.next_time())              # a joins its link
     assert a.end == 3.25                      # what it would be if nobody came
     assert sim.next_time() == 3.0
     b = sim.add((0,), 10.0, 0.25, 10, 1.0, "b")
+    sim.advance(sim.next_time())
     assert (a.end, b.end) == (5.25, 3.25)     # predicted while both share: 20 bytes at 5 B/s
     while (t := sim.next_time()) is not None:
         sim.advance(t)
@@ -192,6 +194,8 @@ def test_nonblocking_ring_allreduce_and_allgather_equal_alpha_beta(n):
         res = ringlab.run(ring_allreduce, xs, network=nonblocking(n))
         ab = ringlab.run(ring_allreduce, xs, network=AlphaBeta(ALPHA, BETA))
         assert [(e.start, e.end) for e in res.trace] == [(e.start, e.end) for e in ab.trace]
+        assert [(s.t_start, s.t_end) for s in res.trace.spans] == \
+            [(s.t_start, s.t_end) for s in ab.trace.spans]
         assert res.time == ab.time
         if size % (8 * n) == 0:        # chunks of n/N bytes: 2(N-1)(alpha + n/N beta)
             assert res.time == pytest.approx(2 * (n - 1) * (ALPHA + size / n * BETA), rel=1e-12)
@@ -317,6 +321,41 @@ def test_replaying_the_trace_gives_the_same_arrivals():
     assert ends == pytest.approx([e.end for e in res.trace], rel=1e-9)
     top = max(max(load for _, load in series) / net.capacity[k] for k, series in loads.items())
     assert top == pytest.approx(1.0)          # some link ran full, none over
+
+
+def random_traffic(comm, plan):
+    """Rank r computes plan[r][0] seconds, isends plan[r][1] (a list of
+    (dst, float64 count)), then receives what the plan sends it, in order."""
+    wait, sends = plan[comm.rank]
+    comm.compute(wait)
+    reqs = [comm.isend(np.zeros(k), dst) for dst, k in sends]
+    for src in range(comm.world_size):
+        for dst, _ in plan[src][1]:
+            if dst == comm.rank:
+                comm.recv(src)
+    for r in reqs:
+        r.wait()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10 ** 6))
+def test_any_traffic_is_never_faster_than_an_idle_network_and_replays(seed):
+    rng = np.random.default_rng(seed)
+    n = 8
+    plan = [(float(rng.choice([0, 1e-6, 3e-6])),
+             [(int(d), int(rng.integers(0, 5000))) for d in rng.choice(
+                 [q for q in range(n) if q != r], size=rng.integers(0, 4))])
+            for r in range(n)]
+    net = Topology(fat_tree(nodes=4, gpus_per_node=2, leaves=2, spines=2,
+                            oversubscription=float(rng.choice([1, 3]))), alpha=1e-7)
+    res = ringlab.run(random_traffic, [plan] * n, network=net)
+    for e in res.trace:
+        _, cap, lat = net.route(e.src, e.dst)
+        assert e.end >= e.start + lat + e.nbytes / cap - 1e-15       # alone, it takes this
+    ends, loads = net.flows_of(res.trace)
+    assert ends == pytest.approx([e.end for e in res.trace], rel=1e-12)
+    for link, series in loads.items():
+        assert all(0 <= load <= net.capacity[link] * (1 + 1e-12) for _, load in series)
 
 
 def test_placement_keeping_ring_neighbours_under_one_leaf_is_faster():

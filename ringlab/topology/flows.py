@@ -37,29 +37,26 @@ def max_min_fair(routes, capacity):
     limited by nothing: its rate is ``inf``.
     """
     rate = {}
-    users = {}                         # link -> flows on it that still grow
+    users = {}                         # link -> the flows crossing it
     for f, links in routes.items():
         if not links:
             rate[f] = math.inf
         for link in links:
             users.setdefault(link, []).append(f)
-    left = {link: float(capacity[link]) for link in users}
-    while users:
+    left = {link: float(capacity[link]) for link in users}      # capacity not yet given out
+    growing = {link: len(fs) for link, fs in users.items()}     # flows on it not yet frozen
+    while growing:
         # The link that fills first: the smallest fair share.
-        share = min(left[link] / len(fs) for link, fs in users.items())
-        full = [link for link, fs in users.items() if left[link] / len(fs) == share]
+        share = min(left[link] / n for link, n in growing.items())
+        full = [link for link, n in growing.items() if left[link] / n == share]
         for link in full:
-            for f in users.get(link, ()):
+            for f in users[link]:
                 if f in rate:
                     continue
-                rate[f] = share
-                for other in routes[f]:          # it takes its share of every link it crosses
-                    left[other] = max(left[other] - share, 0.0)
-        # Frozen flows stop growing: drop them, and links nobody still grows on.
-        for link in list(users):
-            fs = [f for f in users[link] if f not in rate]
-            if fs:
-                users[link] = fs
-            else:
-                del users[link]
+                rate[f] = share                  # frozen: it takes its share of every link
+                for other in routes[f]:
+                    left[other] = max(left[other] - share, 0.0)   # never below 0 by rounding
+                    growing[other] -= 1
+                    if not growing[other]:
+                        del growing[other]
     return {f: rate[f] for f in routes}

@@ -202,6 +202,11 @@ class FlowSim:
         ...     sim.advance(t)
         >>> a.end, b.end                          # 10 bytes each at 5 bytes/s, then 0.5 s
         (2.5, 2.5)
+
+    Flows sent at one time join their links together, at the first
+    ``advance`` after it (``next_time()`` is then the next float after that
+    time: after every send of that moment, before anything later), so that
+    links are re-shared once for all of them, not once per flow.
     """
 
     def __init__(self, capacity, on_end=None, record=False):
@@ -209,14 +214,15 @@ class FlowSim:
         self.capacity = capacity
         self.on_link = {}              # link -> {flow: None}: the flows on it, in arrival order
         self.drains = []               # heap of (drain, seq, version, flow)
+        self.sent = []                 # flows sent at self.now, not yet on their links
         self.now, self.seq = 0.0, 0
         self.on_end = on_end
         self.loads = {} if record else None   # link -> [(time, total rate)]
 
     def add(self, links, cap, latency, nbytes, start, token):
-        """A flow over ``links`` (bottleneck ``cap``) sent at ``start``: it takes
-        its share now (every event before ``start`` must have been processed)."""
-        if start < self.now:
+        """A flow over ``links`` (bottleneck ``cap``) sent at ``start``
+        (every event before ``start`` must have been processed)."""
+        if start < self.now or self.sent and start != self.now:
             raise RuntimeError(f"a flow sent at {start} after the network reached {self.now}")
         self.now = start
         self.seq += 1
@@ -225,35 +231,54 @@ class FlowSim:
             f.drain, f.end = start, start + latency
             if self.on_end is not None:
                 self.on_end(f.token, f.end)
-            return f
-        on_link, alone = self.on_link, True
-        for link in links:
-            others = on_link.get(link)
-            if others is None:
-                others = on_link[link] = {}
-            elif others:
-                alone = False
-            others[f] = None
-        if alone:                                 # its own links: the slowest one's bandwidth
-            f.rate = cap                          # (as _set_rate, inlined: the common case)
-            left = f.rem / cap
-            f.drain, f.end, f.version = start + left, start + (latency + left), 1
-            heapq.heappush(self.drains, (f.drain, f.seq, 1, f))
-            if self.loads is not None:
-                self._record(links, start)
         else:
-            self._reshare(links, start)
+            self.sent.append(f)
         return f
 
     def next_time(self):
-        """When the next flow's last byte leaves its links (None: nothing on the wire)."""
+        """When something next happens: flows sent join their links, or a
+        flow's last byte leaves its links (None: nothing on the wire)."""
+        if self.sent:
+            return math.nextafter(self.now, math.inf)
         drains = self.drains
         while drains and drains[0][2] != drains[0][3].version:   # superseded by a new rate
             heapq.heappop(drains)
         return drains[0][0] if drains else None
 
+    def _join(self):
+        """The flows sent at ``self.now`` take their share of their links."""
+        flows, now, on_link = self.sent, self.now, self.on_link
+        self.sent = []
+        for f in flows:
+            for link in f.links:
+                others = on_link.get(link)
+                if others is None:
+                    on_link[link] = {f: None}
+                else:
+                    others[f] = None
+        crowded, quiet = [], []
+        for f in flows:
+            links = f.links
+            if all(len(on_link[link]) == 1 for link in links):
+                # Its own links: the slowest one's bandwidth (_set_rate, inlined:
+                # the common case).
+                f.rate = rate = f.cap
+                left = f.rem / rate
+                f.drain, f.end, f.version = now + left, now + (f.lat + left), 1
+                heapq.heappush(self.drains, (f.drain, f.seq, 1, f))
+                quiet += links
+            else:
+                crowded += links
+        if crowded:
+            self._reshare(crowded, now)
+        if self.loads is not None:
+            self._record(quiet, now)
+
     def advance(self, now):
-        """End the flows whose last byte has left by ``now``, and re-share their links."""
+        """Put the flows sent on their links; end the flows whose last byte has
+        left by ``now``, and re-share their links."""
+        if self.sent:
+            self._join()
         self.now = now
         on_link, done, changed, quiet = self.on_link, [], [], []
         drains = self.drains
@@ -295,6 +320,8 @@ class FlowSim:
                     if f not in group:
                         group[f] = None
                         stack += f.links
+            if not group:                         # links left empty
+                continue
             if len(group) == 1:                   # alone on its links: the slowest one
                 f = next(iter(group))
                 rates = {f: f.cap}
