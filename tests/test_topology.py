@@ -462,3 +462,32 @@ def test_link_utilisation_as_perfetto_counters():
     assert up == [(0.0, 100.0), (pytest.approx(1.5 * S / B * 1e6), 0.0)]
     assert all(0 <= e["args"]["utilisation %"] <= 100 + 1e-9 for e in counters)
     assert any(e["ph"] == "X" for e in doc["traceEvents"])     # the run's own tracks are there
+
+
+def test_pipeline_schedules_run_unchanged_on_a_rail_optimized_cluster():
+    from ringlab.nn import mlp_model, mse
+    from ringlab.pipeline import run_pipeline, schedules
+    model = mlp_model([3] * 5, np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    batch = rng.normal(size=(8, 3)), rng.normal(size=(8, 3))
+    net = Topology(rail_optimized(nodes=2, gpus_per_node=2), alpha=1e-6)
+    res = run_pipeline(model, batch, schedules.one_f_one_b(4, 4), network=net)
+    plain = run_pipeline(model, batch, schedules.one_f_one_b(4, 4))
+    for name, g in plain.grads.items():
+        np.testing.assert_array_equal(res.grads[name], g)
+
+
+def test_ddp_buckets_still_beat_one_flat_allreduce_on_a_fat_tree():
+    from ringlab.data_parallel.buckets import ddp_sync, sync_flat, training_step
+    from ringlab.nn import mlp_model
+    rng = np.random.default_rng(0)
+    data = [(rng.standard_normal((32, 16)), rng.standard_normal((32, 16))) for _ in range(4)]
+    kw = dict(model_fn=lambda: mlp_model([16] * 6, np.random.default_rng(0)),
+              flops_per_second=1e9)
+    net = Topology(fat_tree(nodes=2, gpus_per_node=2, leaves=2, spines=1, oversubscription=2,
+                            nic_bw=1e9), alpha=1e-6)
+    flat, ddp = (ringlab.run(training_step, data, network=net, kwargs=dict(kw, sync=s, **extra))
+                 for s, extra in ((sync_flat, {}),
+                                  (ddp_sync, dict(cap_bytes=2048, first_bucket_bytes=2048))))
+    assert np.allclose(flat.outputs[0], ddp.outputs[0], rtol=1e-12, atol=1e-15)
+    assert ddp.time < flat.time

@@ -40,17 +40,26 @@ share it, each at half speed, instead of queueing one after the other. Steps
 How arrival times are made exact. Under max-min sharing a flow's end depends on
 flows that start *after* it (they take part of its links), so it cannot be
 known when the message is sent. The simulator runs ranks in simulated-time
-order; this network is one more actor of that scheduler (``ringlab.sim.world``).
-A message joins the links when it is sent (the sender is then the furthest
-behind of all actors, so nothing earlier can still happen). The network's next
-event is the earliest moment a flow's last byte leaves, and it runs only once
-every rank has reached that time, so no flow still to be sent can start before
-it and change it. It then ends the flows due (their arrival, that moment plus
-the latency, is now certain), wakes the ranks waiting on them, re-shares the
-links, and books its next event. Between events every rate is constant, so the
-times are exact up to floating point; a flow never disturbed arrives at
-``t + (latency + n / bandwidth)``, AlphaBeta's ``t + (alpha + beta n)`` to the
-last bit when ``n / bandwidth == beta n`` (a power-of-two bandwidth).
+order; this network is one more actor of that scheduler (``ringlab.sim.world``),
+with two kinds of events:
+
+* the messages sent at time ``t`` join their links together, once every rank
+  has sent what it sends at ``t`` and before anything later (the network runs
+  at the next float after ``t``): one re-share for all of them;
+* the earliest moment a flow's last byte leaves its links. The network runs
+  then only once every rank has reached that time, so no message still to be
+  sent can start before it and change it. It ends the flows due (their
+  arrival, that moment plus the latency, is now certain: the waiting ranks
+  wake then), and re-shares the links they leave.
+
+Re-sharing recomputes the rates of the flows connected to a changed link
+through shared links (max-min rates of separate groups do not depend on each
+other); a flow alone on its links simply gets the slowest one. Between events
+every rate is constant, so the times are exact up to floating point; a flow
+never disturbed arrives at ``t + (latency + n / bandwidth)``, AlphaBeta's
+``t + (alpha + beta n)`` to the last bit when ``n / bandwidth == beta n``
+(a power-of-two bandwidth). ``flows_of(trace)`` replays the same flows offline
+from the trace's send times, and gets the same arrivals (a test checks it).
 
 A sizes-only mode for big runs: ``scale=k`` prices every message as ``k`` times
 its bytes, so a run with small arrays takes the time of one with ``k`` times
