@@ -5,6 +5,7 @@ the builders' definitions, networkx's own shortest paths, the defining property
 of max-min fairness (every flow has a bottleneck link), AlphaBeta's closed
 forms, and cases worked out by hand (the arithmetic is in the tests)."""
 
+import math
 import subprocess
 import sys
 
@@ -166,10 +167,10 @@ def test_flowsim_a_later_flow_slows_an_earlier_one():
     Each arrives its latency (0.25 s) after its last byte left."""
     sim = FlowSim([10.0])
     a = sim.add((0,), 10.0, 0.25, 30, 0.0, "a")
-    sim.advance(sim.next_time())              # a joins its link
-    assert a.end == 3.25                      # what it would be if nobody came
+    assert a.end == 3.25                      # alone: what it would be if nobody came
     assert sim.next_time() == 3.0
     b = sim.add((0,), 10.0, 0.25, 10, 1.0, "b")
+    assert sim.next_time() == math.nextafter(1.0, 2)     # b joins after all sends at t=1
     sim.advance(sim.next_time())
     assert (a.end, b.end) == (5.25, 3.25)     # predicted while both share: 20 bytes at 5 B/s
     while (t := sim.next_time()) is not None:

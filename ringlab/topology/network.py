@@ -236,13 +236,32 @@ class FlowSim:
         self.now = start
         self.seq += 1
         f = Flow(links, cap, token, start, latency, nbytes, self.seq)
+        on_link = self.on_link
         if not f.rem or not links:                # nothing to carry: there after its latency
             f.drain, f.end = start, start + latency
             if self.on_end is not None:
                 self.on_end(f.token, f.end)
+            return f
+        for link in links:
+            if on_link.get(link):
+                self.sent.append(f)               # shares a link: join with the others sent now
+                break
         else:
-            self.sent.append(f)
+            # Nobody on its links: it gets the slowest one's bandwidth, now. (A flow
+            # sent later at this same time onto one of them re-shares with it then.)
+            for link in links:
+                on_link[link] = {f: None}
+            self._alone(f, start)
+            if self.loads is not None:
+                self._record(links, start)
         return f
+
+    def _alone(self, f, now):
+        """``_set_rate(f, f.cap, now)`` for a flow that just joined its links alone."""
+        f.rate = rate = f.cap
+        left = f.rem / rate
+        f.drain, f.end, f.version = now + left, now + (f.lat + left), 1
+        heapq.heappush(self.drains, (f.drain, f.seq, 1, f))
 
     def next_time(self):
         """When something next happens: flows sent join their links, or a
@@ -269,12 +288,7 @@ class FlowSim:
         for f in flows:
             links = f.links
             if all(len(on_link[link]) == 1 for link in links):
-                # Its own links: the slowest one's bandwidth (_set_rate, inlined:
-                # the common case).
-                f.rate = rate = f.cap
-                left = f.rem / rate
-                f.drain, f.end, f.version = now + left, now + (f.lat + left), 1
-                heapq.heappush(self.drains, (f.drain, f.seq, 1, f))
+                self._alone(f, now)               # its own links after all
                 quiet += links
             else:
                 crowded += links
