@@ -437,6 +437,19 @@ def test_deadlock_on_a_topology_is_reported():
         ringlab.run(both_receive, [None] * 2, network=Topology(ring(2)))
 
 
+def test_an_error_with_messages_on_the_wire_is_reported():
+    def bad(comm, x):
+        comm.isend(x, (comm.rank + 1) % comm.world_size)
+        if comm.rank == 2:
+            comm.compute(1e-9)
+            raise ValueError("boom")
+        comm.recv((comm.rank - 1) % comm.world_size)
+        comm.recv((comm.rank - 1) % comm.world_size)
+
+    with pytest.raises(ringlab.RankError, match="rank 2 raised ValueError"):
+        ringlab.run(bad, [np.ones(1000)] * 4, network=Topology(fat_tree(2, 2, 2, 1)))
+
+
 def test_bad_placements_are_clear_errors():
     g = nvswitch_node(4)
     with pytest.raises(ValueError, match="not a GPU"):
