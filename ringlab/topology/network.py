@@ -97,8 +97,9 @@ class Topology:
         kinds = dict(graph.nodes(data="kind"))
         for rank, node in enumerate(self.placement):
             if kinds.get(node) != "gpu":
+                more = " ..." if len(all_gpus) > 4 else ""
                 raise ValueError(f"Topology: placement[{rank}] = {node!r} is not a GPU of the "
-                                 f"network (GPUs: {all_gpus[:4]}{' ...' if len(all_gpus) > 4 else ''})")
+                                 f"network (GPUs: {all_gpus[:4]}{more})")
         if len(set(self.placement)) != len(self.placement):
             dup = next(n for n in self.placement if self.placement.count(n) > 1)
             raise ValueError(f"Topology: placement puts two ranks on GPU {dup!r}; one rank per GPU")
@@ -122,7 +123,8 @@ class Topology:
         if r is None:
             uv = self.routing.links(self.placement[src], self.placement[dst])
             ids = tuple(self.link_id[x] for x in uv)
-            r = self._routes[src, dst] = (ids, min((self.capacity[i] for i in ids), default=math.inf),
+            slowest = min((self.capacity[i] for i in ids), default=math.inf)
+            r = self._routes[src, dst] = (ids, slowest,
                                           self.alpha + sum(self.latency[i] for i in ids))
         return r
 
