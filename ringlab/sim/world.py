@@ -18,7 +18,10 @@ Two clocks per actor:
 * ``time``, in simulated **seconds**: ``comm.compute`` adds to it, and with a
   ``network=`` model every message takes time on the ports (see
   ``ringlab.cost.alpha_beta``). A blocking send returns when its message has
-  left; a receive when it has arrived.
+  left; a receive when it has arrived. On a ``ringlab.topology`` network
+  messages share links instead, and the network is one more actor of the
+  scheduler that ends them when no later send can change their arrival
+  (see ``_network_loop``).
 
 Processing in time order is what makes "first come" mean what it says: an
 actor about to book a port first lets every actor that is behind it run.
@@ -36,12 +39,14 @@ import numpy as np
 from ..comm import ANY, Comm, Group, mismatch, dtype_name
 from ..errors import CommError, Wait
 from ..trace import Compute, Event, MemoryEvent, Span, Trace
+from .watchdog import Interrupt
 
 MODES = ("buffered", "rendezvous")
 # Ranks that refused to unwind. Kept alive on purpose: collecting a suspended
 # greenlet throws GreenletExit into it again, and it would loop again.
 _ABANDONED = []
 WORLD = 0        # the whole world's group id
+_INF = float("inf")
 
 
 class Actor:
@@ -66,7 +71,8 @@ class Request:
     for a receive, ``wait()`` returns the array."""
 
     __slots__ = ("_world", "kind", "owner", "comm", "peer", "tag", "done", "payload", "step",
-                 "end", "error", "expect", "out", "event", "posted")
+                 "end", "error", "expect", "out", "event", "posted",
+                 "index", "partner")     # a send on a flow network: its event, its receive
 
     def __init__(self, world, kind, comm, peer, tag, done=False, step=0, end=0.0):
         self._world, self.kind, self.comm, self.owner = world, kind, comm, comm._me
@@ -152,6 +158,10 @@ class World:
         self.world_size, self.mode = world_size, mode
         self.rendezvous = mode == "rendezvous"
         self.network, self.ports = network, None if network is None else network.ports(world_size)
+        # A network that decides when a message arrives only later (flow sharing:
+        # ringlab.topology) runs as one more actor of the scheduler (see _network_loop).
+        self.deferred = getattr(self.ports, "deferred", False)
+        self.net_glet = self.net_wake = None
         self.send_step = [0] * world_size     # the last step each rank's send port carried
         self.recv_step = [0] * world_size     # and its receive port
         self.groups = {(): Group(tuple(range(world_size)), None, WORLD)}
@@ -265,6 +275,9 @@ class World:
 
     def run(self, program, inputs, args, kwargs):
         self.hub = greenlet.getcurrent()
+        if self.deferred:
+            self.ports.bind(self)
+            self.net_glet = greenlet.greenlet(self._network_loop, parent=self.hub)
         for me in self.actors:
             me.comm = Comm(self, me, self.world_group)
             me.glet = greenlet.greenlet(
@@ -297,6 +310,8 @@ class World:
 
     def kill_unfinished(self):
         self.aborting = True
+        if self.net_glet:                  # the network's actor: it just stops
+            self.net_glet.throw(greenlet.GreenletExit)
         for me in self.all_actors():
             if me.glet:     # a greenlet is true while started and not yet finished
                 self.current = me
@@ -330,6 +345,8 @@ class World:
         req = Request(self, "send", comm, dst, tag, not self.rendezvous, step,
                       me.time if end is None else end)
         req.event = ev
+        if end is None and start is not None:     # a flow network says later when it arrives
+            self._launch(req, len(self.events) - 1)
         if ch.receives:
             self._match(len(self.events) - 1, payload, req, ch.receives.popleft())
         else:
@@ -356,10 +373,13 @@ class World:
             if self.ports is not None:
                 start, end = self.ports.transfer(ev.src, ev.dst, ev.nbytes, end)
                 ev = self.events[index] = ev._replace(start=start, end=end)
-            send_req.end = end
-            send_req.done = True
-            if send_req.owner.waiting is send_req:
-                self._wake(send_req.owner, ev.step, end)
+            if end is None:                       # a flow network: it completes both
+                self._launch(send_req, index)
+            else:
+                send_req.end = end
+                send_req.done = True
+                if send_req.owner.waiting is send_req:
+                    self._wake(send_req.owner, ev.step, end)
         comm = recv_req.comm
         error = None if recv_req.expect is ANY else mismatch(
             comm.rank, comm._index[ev.src], ev.step, recv_req.expect, tuple(payload.shape),
@@ -370,6 +390,9 @@ class World:
             recv_req.out[...] = payload
             payload = recv_req.out
         recv_req.payload, recv_req.step, recv_req.event = payload, ev.step, ev
+        if not send_req.done:                     # on a flow network's wire: _delivered
+            send_req.partner = recv_req           # completes the receive too
+            return
         recv_req.end = send_req.end
         recv_req.done = True
         if recv_req.owner.waiting is recv_req:
@@ -390,6 +413,54 @@ class World:
                 raise err
             return req.payload
         return None
+
+    # -- a network that decides arrivals later (flow sharing) -------------------------------
+    # Under max-min sharing a message's arrival depends on messages sent after it,
+    # so it cannot be priced when it is sent (as AlphaBeta's ports are). Such a
+    # network (``ports.deferred``) is one more actor of the scheduler: its heap
+    # entries come before every rank's at the same time (order -1), and it runs
+    # once every actor has reached its next event, when no send still to come can
+    # start earlier and change it. It then ends the flows due (``_delivered``),
+    # re-shares the links, and books its next event. Ranks block on a send or
+    # receive still on the wire and wake at its arrival, like on any other wait.
+    def _launch(self, req, index):
+        """Put the message of send ``req`` (event ``index``) on the wire."""
+        req.done, req.end, req.index, req.partner = False, _INF, index, None
+        ev = self.events[index]
+        self.ports.launch(ev.src, ev.dst, ev.nbytes, ev.start, req)
+
+    def _delivered(self, req, end):
+        """The network says: the message of send ``req`` arrived at ``end``."""
+        ev = self.events[req.index] = Event._make(self.events[req.index][:-1] + (end,))
+        req.event, req.end, req.done = ev, end, True
+        if req.owner.waiting is req:
+            self._wake(req.owner, ev.step, end)
+        recv = req.partner
+        if recv is not None:
+            recv.event, recv.end, recv.done = ev, end, True
+            if recv.owner.waiting is recv:
+                self._wake(recv.owner, ev.step, end)
+
+    def _network_at(self, time):
+        """Make the network run at ``time`` (or earlier, if it already will)."""
+        if self.net_wake is not None and self.net_wake.time <= time:
+            return
+        # A later wake stays in the heap, superseded: it will wake the network for nothing.
+        wake = self.net_wake = Actor(-1, 0, 0, time)
+        wake.glet = self.net_glet
+        self.pushes += 1
+        heapq.heappush(self.heap, (time, -1, self.pushes, wake))
+
+    def _network_loop(self):
+        try:
+            while True:
+                wake = self.current
+                if wake is self.net_wake:
+                    self.net_wake = None
+                    self.ports.advance(wake.time)      # delivers, and books its next event
+                self._yield()
+        except Interrupt as e:                 # the run's timeout landed here
+            self.failure = self.failure or ("timeout", None, e)
 
     # -- receive from anyone --------------------------------------------------------------
     def _recv_any(self, comm, tag):
@@ -558,6 +629,9 @@ class World:
                           self.agreements, self.any_waiters):
             container.clear()
         self.actors, self.current, self.failure = [], None, None
+        self.net_glet = self.net_wake = None
+        if self.deferred:
+            self.ports.release()
 
     def trace(self):
         """The run's trace so far (a failed run's errors carry it too, to explain
