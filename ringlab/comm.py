@@ -54,6 +54,28 @@ class Group:
         return len(self.ranks)
 
 
+def group_label(name, ranks, groups):
+    """The trace's label for a new group: its name, else its ranks. A label
+    already taken gets "#k", k one more than the groups of the same ranks so
+    far, and higher until it is free: labels must be unique, since recorded
+    payloads and per-group checks are keyed by them (a program that named a
+    group "x#2" must not make two groups share a label).
+
+    ``groups``: the groups made so far (``Group`` objects).
+
+    >>> g = [Group((0, 1), (0, 1), 1), Group((2, 3), "(0, 1)#2", 2)]
+    >>> group_label(None, (0, 1), g)
+    '(0, 1)#3'
+    """
+    label = name if name is not None else ranks
+    taken = {str(g.label) for g in groups if g.label is not None}
+    k = sum(1 for g in groups if g.ranks == ranks)
+    while str(label) in taken:
+        k += 1
+        label = f"{name if name is not None else ranks}#{k}"
+    return label
+
+
 class Comm:
     """One rank's handle on one group (the whole world by default)."""
 

@@ -169,6 +169,38 @@ def no_step_across(comm, x, mesh):
     return C.ring_allgather(inside, C.ring_reduce_scatter(inside, x))
 
 
+def recursive_halving_across(comm, x, mesh):
+    """Across nodes, recursive halving then doubling (M a power of two), each
+    exchange sent as the ring's pieces: the ring's bytes, to log2(M) partners."""
+    inside, across = mesh.group("gpu"), mesh.group("node")
+    block = C.ring_reduce_scatter(inside, x)
+    m, me = across.world_size, across.rank
+    if m & (m - 1):
+        return C.ring_allgather(inside, C.ring_allreduce(across, block))
+    pieces = [p.copy() for p in np.array_split(block, m)]
+    lo, hi, d = 0, m, m // 2
+    while d >= 1:                                  # halving: keep my half, summed
+        partner, mid = me ^ d, (lo + hi) // 2
+        keep, give = ((lo, mid), (mid, hi)) if me < partner else ((mid, hi), (lo, mid))
+        reqs = [across.isend(pieces[j], partner) for j in range(*give)]
+        for j in range(*keep):
+            pieces[j] = pieces[j] + across.recv(partner)
+        for q in reqs:
+            q.wait()
+        lo, hi, d = keep[0], keep[1], d // 2
+    d = 1
+    while d < m:                                   # doubling: gather the halves back
+        partner, size = me ^ d, hi - lo
+        other = lo - size if me & d else lo + size
+        reqs = [across.isend(pieces[j], partner) for j in range(lo, hi)]
+        for j in range(other, other + size):
+            pieces[j] = across.recv(partner)
+        for q in reqs:
+            q.wait()
+        lo, hi, d = min(lo, other), max(hi, other + size), d * 2
+    return C.ring_allgather(inside, np.concatenate(pieces))
+
+
 # ================================================================ cheats
 def zeros_and_shared_memory(comm, x, mesh):
     """The right collectives on zeros; the real sum from a dict all ranks share."""
@@ -180,3 +212,12 @@ def zeros_and_shared_memory(comm, x, mesh):
 def negated_across(comm, x, mesh):
     """Every message between nodes negated on the way and negated back on arrival."""
     return _by_hand(comm, x, mesh, encode=np.negative, decode=np.negative)
+
+
+def shared_through_files(folder):
+    """Every rank writes its x to a file, reads everyone's, sends nothing."""
+    def program(comm, x, mesh):
+        np.save(f"{folder}/{comm.rank}.npy", x)
+        comm.barrier()
+        return np.sum([np.load(f"{folder}/{q}.npy") for q in range(comm.world_size)], axis=0)
+    return program

@@ -49,6 +49,9 @@ WRONG = [
      ["the run took 46.01 us", "40.01 us from the first message between nodes",
       "the closed form's part between nodes: 10 us", "at most 1.05 x 16 us", "(2.87 x)",
       "Do not wait for other groups"]),
+    (H.recursive_halving_across, "between nodes, a ring: each GPU sends to one neighbour",
+     ["4 nodes x 2 GPUs", "rank 0 (node 0, GPU 0) sent to 2 GPUs on other nodes",
+      "rank 2 (node 1, GPU 0), rank 4 (node 2, GPU 0)", "ring_allreduce on that group"]),
     (H.averaged, "every rank ends with the sum of all inputs",
      ["rank 0 (node 0, GPU 0) has wrong values at 32 of 32 elements",
       "the sum times 0.125 = 1/8: the average", "without dividing"]),
@@ -167,7 +170,13 @@ def test_cases_cover_the_promised_meshes_and_lengths():
     assert any(len(c.inputs[0]) % c.info["gpus"] for c in cases)
     assert any(len(c.inputs[0]) % c.world_size and not len(c.inputs[0]) % c.info["gpus"]
                for c in cases)
-    assert max(len(c.inputs[0]) for c in cases) == HA.BIG
+    assert HA.BIG <= max(len(c.inputs[0]) for c in cases) < HA.BIG + 64
+    # Lengths come from the seed (all but the first, the case the reports explain):
+    # a program that knows the fixed cases cannot single them out.
+    lengths = {s: [len(c.inputs[0]) for c in HA.cases(np.random.default_rng(s))]
+               for s in range(4)}
+    assert {v[0] for v in lengths.values()} == {32}
+    assert len({tuple(v[1:]) for v in lengths.values()}) == 4
     assert all(x.dtype == np.float64 for c in cases for x in c.inputs)
     # Bandwidth sets the time of the big case: its beta terms exceed its alphas.
     big = cases[-1]
@@ -175,3 +184,17 @@ def test_cases_cover_the_promised_meshes_and_lengths():
     alphas = two_level_time("hierarchical_allreduce", m, g, 0, HA.INTRA, HA.INTER)
     assert HA.closed_form(big) > 2 * alphas
     assert isinstance(HA.INTRA, AlphaBeta)
+
+
+def test_isolated_ranks_cannot_share_data_through_files(tmp_path):
+    """Rank processes are apart so that messages are their only channel: a file
+    written by one rank and read by another is refused (a red team summed the
+    vector that way, with no messages, and hid junk payloads behind it)."""
+    from ringlab.grading.isolated import runner
+    first = next(HA.cases(np.random.default_rng(0)))
+    module = types.SimpleNamespace(cases=lambda rng: [first], check=HA.check)
+    run = runner(banned=banned_modules(ID))
+    report = grade_cases(ID, module, H.shared_through_files(str(tmp_path)), seed=0, runner=run)
+    text = str(report)
+    assert not report.passed and "NotAllowed" in text and "opened a file for writing" in text
+    assert "share data only through messages" in text and not list(tmp_path.iterdir())

@@ -191,3 +191,23 @@ def test_a_groups_trace_renumbered_passes_the_graders_ring_checks():
     assert checks.ring_neighbours(trace, whole, "ring AllReduce", "a hub") is not None
     with pytest.raises(KeyError, match="no group"):
         trace.local("tp")
+
+
+@pytest.mark.parametrize("backend", ["sim", "torch"])
+def test_group_labels_are_unique_even_against_a_name_that_looks_like_a_repeat(backend):
+    """A program naming a group "(0, 1)#2" must not make the next (0, 1) group share
+    its label: recorded payloads and the graders' per-group checks key on labels
+    (a red team overwrote junk payloads with right ones this way)."""
+    def program(comm, x):
+        a = comm.new_group([2, 3], name="(0, 1)#2")
+        b = comm.new_group([0, 1])
+        c = comm.new_group([0, 1])
+        for g in (a, b, c):
+            if g is not None:
+                g.sendrecv(x, 1 - g.rank, 1 - g.rank)
+        return None
+
+    res = ringlab.run(program, [np.ones(2)] * 4, backend=backend, record_payloads=True)
+    labels = {e.group for e in res.trace}
+    assert labels == {"(0, 1)#2", (0, 1), "(0, 1)#3"}
+    assert len(res.payloads) == len(list(res.trace))

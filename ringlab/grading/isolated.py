@@ -128,15 +128,16 @@ def _reference_files(banned):
     return files, functions
 
 
-def _report_and_exit(why):
+def _report_and_exit(why, kind="ReferenceCalled"):
     """Tell the grading process and end this rank now: an exception could be
-    caught by the program, ``os._exit`` cannot."""
+    caught by the program, ``os._exit`` cannot. ``kind``: the exception's name
+    in the report (ReferenceCalled, or NotAllowed for a way around isolation)."""
     link = _LINK[0]
     with contextlib.suppress(BaseException):
         if link is None:
-            wire.send(_CONN[0], [0, ["error", "ReferenceCalled", why, ""]])
+            wire.send(_CONN[0], [0, ["error", kind, why, ""]])
         else:                         # on the stream of the thread that called
-            link.send(getattr(link.local, "sid", 0) or 0, ["error", "ReferenceCalled", why, ""])
+            link.send(getattr(link.local, "sid", 0) or 0, ["error", kind, why, ""])
     os._exit(0)
 
 
@@ -150,7 +151,18 @@ FORBIDDEN_EVENTS = {"mmap.__new__": "mmap (memory the grader's measurement does 
                     "os.link": "os.link", "os.symlink": "os.symlink",
                     "subprocess.Popen": "a subprocess", "os.system": "os.system",
                     "os.posix_spawn": "os.posix_spawn", "os.fork": "os.fork",
-                    "os.forkpty": "os.forkpty", "os.spawn": "os.spawn*"}
+                    "os.forkpty": "os.forkpty", "os.spawn": "os.spawn*",
+                    # Ways to another rank's process: files it could read (see
+                    # _WRITES), names and times of files, signals, sockets.
+                    "os.mkdir": "os.mkdir", "os.rename": "os.rename", "os.remove": "os.remove",
+                    "os.rmdir": "os.rmdir", "os.chmod": "os.chmod", "os.chown": "os.chown",
+                    "os.utime": "os.utime", "os.truncate": "os.truncate",
+                    "os.setxattr": "os.setxattr", "os.kill": "os.kill", "os.killpg": "os.killpg",
+                    "socket.__new__": "a socket", "socket.socketpair": "a socket"}
+# open() for writing: ranks are separate processes so that they share nothing
+# but messages; a file one rank writes and another reads would be a channel the
+# trace does not see (a red team summed a vector that way, with no messages).
+_WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _ARMED = [False]      # while the program runs
 
 
@@ -191,7 +203,7 @@ def _audit(files):
             return
         if event in FORBIDDEN_EVENTS or event.startswith("os.exec"):
             _report_and_exit(f"the program used {FORBIDDEN_EVENTS.get(event, event)}, which "
-                             f"the grader does not allow")
+                             f"the grader does not allow", "NotAllowed")
         if event in ("sys.setprofile", "sys.settrace"):
             # A new thread installs threading's hook (ours) from its bootstrap: allowed.
             if sys._getframe(1).f_code in _THREAD_START:
@@ -202,6 +214,9 @@ def _audit(files):
             _report_and_exit("the program used ctypes, which the grader does not allow")
         elif event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
             path = os.path.realpath(os.fsdecode(args[0]))
+            if isinstance(args[2], int) and args[2] & _WRITES and path != os.devnull:
+                _report_and_exit(f"the program opened a file for writing ({path}): ranks "
+                                 f"share data only through messages", "NotAllowed")
             try:
                 st = os.stat(path)
                 linked = (st.st_dev, st.st_ino) in inodes
@@ -221,28 +236,30 @@ def _no_reference(banned):
     attribute, gc). Three layers: the functions' code is replaced by a stub that
     ends the rank; a profile hook sees every call (on this thread and on the
     threads of ``comm.start`` works); an audit hook ends the rank if the program
-    switches the profiler off, reads a reference's source or uses ctypes."""
+    switches the profiler off, reads a reference's source or uses ctypes. The
+    audit hook also keeps the ranks apart: no file writes, sockets, signals or
+    subprocesses, so the messages are the only way between them."""
     files, functions = _reference_files(banned)
-    if not files and not functions:
-        yield
-        return
     real = {os.path.realpath(f) for f in files}
     _poison(files, functions)
+    sys.dont_write_bytecode = True       # an import must not write a .pyc: no writes at all
     _audit(real)
     hit = []
 
     def hook(frame, event, arg):
         if event == "call" and frame.f_code.co_filename in files and not hit:
             hit.append(frame.f_code.co_filename)
-    sys.setprofile(hook)
-    threading.setprofile(hook)
+    if files:                  # a profile hook slows every call: only where it watches something
+        sys.setprofile(hook)
+        threading.setprofile(hook)
     _ARMED[0] = True
     try:
         yield
     finally:
         _ARMED[0] = False
-        sys.setprofile(None)
-        threading.setprofile(None)
+        if files:
+            sys.setprofile(None)
+            threading.setprofile(None)
         if hit:
             raise ReferenceCalled(f"the program called ringlab's own reference solution "
                                   f"({os.path.relpath(hit[0], os.path.dirname(os.path.dirname(__file__)))})")

@@ -36,7 +36,7 @@ from collections import defaultdict, deque
 import greenlet
 import numpy as np
 
-from ..comm import ANY, Comm, Group, mismatch, dtype_name
+from ..comm import ANY, Comm, Group, group_label, mismatch, dtype_name
 from ..errors import CommError, Wait
 from ..trace import Compute, Event, MemoryEvent, Span, Trace
 from .watchdog import Interrupt
@@ -165,7 +165,7 @@ class World:
         self.send_step = [0] * world_size     # the last step each rank's send port carried
         self.recv_step = [0] * world_size     # and its receive port
         self.groups = {(): Group(tuple(range(world_size)), None, WORLD)}
-        self.labels, self.asked = {None}, {}
+        self.asked = {}
         self.group_calls = defaultdict(int)   # (rank, parent gid) -> new_group calls so far
         self.agreements, self.agree_calls = {}, defaultdict(int)
         self.actors = [Actor(r) for r in range(world_size)]
@@ -565,10 +565,7 @@ class World:
         key = (comm.group.gid, k)
         group = self.groups.get(key)
         if group is None:
-            label = name if name is not None else ranks
-            if label in self.labels:
-                label = f"{label}#{sum(1 for g in self.groups.values() if g.ranks == ranks) + 1}"
-            self.labels.add(label)
+            label = group_label(name, ranks, self.groups.values())
             group = self.groups[key] = Group(ranks, label, len(self.groups))
             self.asked[key] = (ranks, name, me.rank)
         elif self.asked[key][:2] != (ranks, name):

@@ -52,7 +52,7 @@ import torch.distributed as dist
 
 from ...errors import CommError
 from ...trace import Compute, Event, MemoryEvent, Span
-from ...comm import Comm, Group, payload_key, dtype_name as _dtype_name, mismatch as _mismatch
+from ...comm import Comm, Group, group_label, payload_key, dtype_name as _dtype_name, mismatch as _mismatch
 from ...sim.world import Actor
 from . import status as st
 from . import wire
@@ -300,8 +300,12 @@ class ProcessWorld:
             array = req.out
         self.received[req.key] += 1
         lane = self.lanes[comm._stream]
-        lane.status.count_recv(req.peer)
+        # RUNNING before the count: a reader that sees the message counted as
+        # received must not also see this rank still waiting for it (a busy
+        # machine can stop us between the two writes, and the parent would
+        # report a deadlock that is not there).
         lane.status.set(st.RUNNING, -1, 0, max(comm._me.clock, step))
+        lane.status.count_recv(req.peer)
         req.payload, req.step, req.done = array, step, True
 
     def _recv_any(self, comm, tag):
@@ -384,9 +388,7 @@ class ProcessWorld:
                                 f"{list(asked)} (name {asked_name!r}): every rank must create the "
                                 f"same groups in the same order")
         # The simulator's labels: the name, else the ranks; a repeated one gets "#n".
-        label = name if name is not None else ranks
-        if label in self.groups:
-            label = f"{label}#{sum(1 for g in self.groups.values() if g.ranks == ranks) + 1}"
+        label = group_label(name, ranks, self.groups.values())
         group = self.groups[label] = Group(ranks, label, len(self.groups))
         for stream in (0, 1):
             self.pgs[(label, stream)] = _new_group(list(ranks))

@@ -37,6 +37,7 @@ from .outcome import drain_plan, format_frames, format_traceback, merged_trace, 
 from .pool import dumps_program, get_pool
 
 POLL = 0.05                # seconds between looks at the status blocks
+STILL = 0.25               # seconds with no change before a deadlock is reported
 
 
 def run(backend, program, inputs, *, args=(), kwargs=None, timeout=10.0, check_unreceived=True,
@@ -146,12 +147,14 @@ def _wait_for_outcomes(workers, timeout, program, outcomes):
                 raise RuntimeError(f"ranks {sorted(set(range(n)) - started)} could not join the process group")
             continue
         snaps = [w.status.snapshot() for w in workers]
-        waiting = _deadlock(snaps)
-        if waiting is not None and previous is not None and all(
-                np.array_equal(a, b) for a, b in zip(snaps, previous)):
+        if previous is None or not all(np.array_equal(a, b) for a, b in zip(snaps, previous)):
+            previous, still_since = snaps, now
+        # A deadlock only once nothing has changed for STILL seconds: on a busy
+        # machine a rank can sit between two of its status writes for a while.
+        waiting = _deadlock(snaps) if now - still_since >= STILL else None
+        if waiting is not None:
             raise DeadlockError(waiting, [r for r, s in enumerate(snaps) if s[st.STATE] == st.DONE],
                                 _trace_so_far(workers, outcomes))
-        previous = snaps
         if timeout is not None and now - program_start > timeout:
             raise _timeout_error(workers, snaps, timeout, program, outcomes)
     return [outcomes[r] for r in range(n)]

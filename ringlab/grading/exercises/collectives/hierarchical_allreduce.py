@@ -9,7 +9,8 @@ this rank's float64 vector (length n, not always a multiple of G); every rank
 returns the sum of all ranks' ``x``.
 
 Checks, on meshes 2x4, 4x2, 3x3, 2x3, 1x4, 4x1, 2x2 and 1x1, with fresh random
-data, and one 2x4 case of 2^18 + 1 elements (2 MiB per GPU), where bandwidth
+data and lengths drawn from the seed (except the first case, 2x4 with 32), and
+one 2x4 case of 2^18 + 1 to 2^18 + 64 elements (2 MiB per GPU), where bandwidth
 dominates the time:
 
 1. it runs: no exception, deadlock, endless loop or unreceived message;
@@ -21,7 +22,8 @@ dominates the time:
    ``np.array_split``'s, so when n does not divide a GPU may move one element
    more or less per message;
 4. messages between nodes only between GPUs with the same index (on a
-   rail-optimised cluster GPU g of every node hangs off the same switch);
+   rail-optimised cluster GPU g of every node hangs off the same switch), and
+   from each GPU to one GPU only: a ring (recursive doubling is not the exercise);
 5. bytes inside nodes: 2(G-1)/G of n per GPU (a ReduceScatter and an
    AllGather of n), 2(G-1) n per node;
 6. what messages carry (the recorded payloads): between nodes, a piece of one
@@ -73,21 +75,25 @@ def network(gpus_per_node):
 
 def cases(rng):
     # 2x4 first: two nodes of four GPUs is small enough to read and has every
-    # kind of message. Lengths (2x4): a multiple of M*G, one that divides by no
-    # G, and one that divides by G but not by M*G; the other meshes take turns
-    # between the first two (each case costs a process per rank under
-    # `ringlab grade`).
+    # kind of message. Lengths (2x4): a multiple of M*G (32, always: the case
+    # the reports explain), one that divides by no G, and one that divides by G
+    # but not by M*G; the other meshes take turns between the first two (each
+    # case costs a process per rank under `ringlab grade`). All but the first
+    # are drawn from the seed: a program that knows the cases must not be able
+    # to treat them apart from any other input.
     for i, (m, g) in enumerate(MESHES):
         n = m * g
-        lengths = ([4 * n, 4 * n + 1, 4 * n + g] if (m, g) == (2, 4)
-                   else [4 * n + i % 2])
+        k = [int(v) for v in rng.integers(2, 9, size=3)]
+        lengths = ([4 * n, k[0] * n + 1, k[1] * n + g] if (m, g) == (2, 4)
+                   else [k[2] * n + i % 2])
         for length in lengths:
             yield Case(n, sums.random_vectors(rng, n, length),
                        f"{m} node{'s' * (m > 1)} x {g} GPU{'s' * (g > 1)}, length={length}",
                        args=((m, g),), info=dict(nodes=m, gpus=g, decodable=True))
     # Big enough that bandwidth, not latency, sets the time. (Sums over subsets
     # of 8 ranks are not all far apart at this length, so no decoding of values.)
-    yield Case(8, list(rng.standard_normal((8, BIG))), f"2 nodes x 4 GPUs, length={BIG}",
+    big = BIG + int(rng.integers(0, 64))
+    yield Case(8, list(rng.standard_normal((8, big))), f"2 nodes x 4 GPUs, length={big}",
                args=((2, 4),), info=dict(nodes=2, gpus=4, decodable=False))
 
 
@@ -112,7 +118,7 @@ def check(program, case, backend="sim"):
         if not sums.holds(out, case.inputs, range(case.world_size)):
             return _wrong_sum(case, r, out, result.trace)
     return (cross_node_bytes(result.trace, case) or same_index(result.trace, case)
-            or inside_node_bytes(result.trace, case) or payloads(result, case)
+            or one_ring_across(result.trace, case) or inside_node_bytes(result.trace, case) or payloads(result, case)
             or timing(result, case))
 
 
@@ -291,6 +297,30 @@ def same_index(trace, case):
                                 "the same switch; a message from GPU g to GPU h != g takes "
                                 "extra hops. Keep the same block on the same GPU index on "
                                 "every node and AllReduce it over mesh.group('node').")
+    return None
+
+
+def one_ring_across(trace, case):
+    """Between nodes, a ring: each GPU sends to one GPU of another node only (the
+    next node's, for a ring in node order). Recursive halving and doubling can
+    move the same bytes, but talks to log2(M) nodes: not the exercise's ring."""
+    g = case.info["gpus"]
+    peers = {}
+    for e in trace:
+        if e.src // g != e.dst // g:
+            peers.setdefault(e.src, []).append(e)
+    for r, sent in sorted(peers.items()):
+        to = sorted({e.dst for e in sent})
+        if len(to) > 1:
+            return Failure(case.label, "between nodes, a ring: each GPU sends to one neighbour",
+                           f"{_where(r, g)} sent to {len(to)} GPUs on other nodes: "
+                           + ", ".join(_where(d, g) for d in to),
+                           expected="messages between nodes to one GPU only: the next node's "
+                                    "GPU with the same index (a ring over mesh.group('node'))",
+                           got=f"{len(to)} destinations",
+                           hint="Across nodes the exercise asks for a ring AllReduce of the "
+                                "block: 2(M-1) steps, each GPU sending to its right neighbour "
+                                "in mesh.group('node') only (ring_allreduce on that group).")
     return None
 
 
