@@ -21,7 +21,7 @@ def run(program, inputs, *, args=(), kwargs=None, mode="buffered", timeout=10.0,
         raise ValueError("run() needs one input per rank; got an empty list (world_size 0)")
     world = World(len(inputs), mode, record_payloads, network)
     try:
-        with Watchdog(timeout), no_exit():
+        with Watchdog(timeout, world.give_up), no_exit():
             try:
                 world.run(program, inputs, args, kwargs or {})
             except Interrupt as e:      # landed in the scheduler, between ranks

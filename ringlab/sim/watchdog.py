@@ -9,7 +9,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import sys
 import threading
 import traceback
 
@@ -31,25 +30,19 @@ def program_traceback(exc):
 _WAKE = getattr(signal, "SIGUSR2", None)    # None on Windows
 
 
-_stubborn = threading.Event()   # set when interrupts keep being caught: trace the program
+# While a program keeps catching the interrupt: the run's ``give_up(frame)``
+# (see ``World.give_up``), which the wake-up signal's handler calls.
+_give_up = None
 
 
 def _woken(signum, frame):
     """Running it is what lets the pending interrupt be raised. If the program
-    keeps catching interrupts, it also turns on line tracing in this thread,
-    so that the next line the program runs, wherever it is (in an ``except:``
-    handler too), raises the interrupt."""
-    if _stubborn.is_set():
-        while frame is not None:
-            frame.f_trace, frame.f_trace_lines = _trip, True
-            frame = frame.f_back
-        sys.settrace(_trip)
-
-
-def _trip(frame, event, arg):
-    if _stubborn.is_set() and event == "line":
-        raise Interrupt
-    return _trip
+    keeps catching interrupts, the run gives up on the code running here (the
+    signal lands wherever it is, in an ``except:`` handler too): a greenlet
+    switch away from it, which no ``except`` can catch."""
+    give_up = _give_up
+    if give_up is not None:
+        give_up(frame)
 
 
 class Watchdog:
@@ -63,20 +56,28 @@ class Watchdog:
     used only if nobody else handles it.
 
     A program can catch the interrupt (a bare ``except:`` in a retry loop), so
-    the watchdog fires again every ``REPEAT`` seconds until the run is over:
-    sooner or later one lands outside the ``try``, where nothing catches it.
+    the watchdog fires again every ``REPEAT`` seconds: usually one lands outside
+    the ``try``, where nothing catches it. Not always: in ``while True: try:
+    while True: pass / except: pass`` every one lands in the inner loop, inside
+    the ``try``. So after ``STUBBORN`` interrupts, the signal's handler calls
+    ``give_up`` instead, in the running code, which leaves that code for good.
+    (Tracing each line to raise there does not work: Python removes a trace
+    function as soon as it raises, so only one interrupt per signal, which the
+    same ``try`` catches.) Off the main thread there is no signal, and only the
+    repeated interrupts.
     """
 
     REPEAT = 0.05
-    STUBBORN = 20            # after this many interrupts (1 s), trace every line
+    STUBBORN = 20            # after this many interrupts (1 s), give up on the running code
 
-    def __init__(self, seconds):
-        self.seconds, self.fired, self.wake = seconds, False, None
+    def __init__(self, seconds, give_up=None):
+        self.seconds, self.fired, self.wake, self.give_up = seconds, False, None, give_up
         self.thread_id = threading.get_ident()
         self.lock, self.stop = threading.Lock(), threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
     def _watch(self):
+        global _give_up
         wait, fires = self.seconds, -1
         while not self.stop.wait(wait):
             wait, fires = self.REPEAT, fires + 1
@@ -84,10 +85,10 @@ class Watchdog:
                 if self.stop.is_set():
                     return
                 self.fired = True
-                if fires >= self.STUBBORN and self.wake is not None:
+                if fires >= self.STUBBORN and self.wake is not None and self.give_up:
                     # No pending interrupt now: it would stop the handler before
-                    # it turns tracing on. The trace raises it instead.
-                    _stubborn.set()
+                    # it gives up (and the program would catch it).
+                    _give_up = self.give_up
                     signal.pthread_kill(self.thread_id, self.wake)
                     continue
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
@@ -109,11 +110,10 @@ class Watchdog:
         return self
 
     def __exit__(self, *exc):
+        global _give_up
         with self.lock:
             self.stop.set()
-            if _stubborn.is_set():
-                _stubborn.clear()
-                sys.settrace(None)
+            _give_up = None      # a signal still on its way finds nothing to do
             if self.fired:   # fired but maybe not yet delivered: withdraw it
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread_id), None)
         if self.wake is not None and not self.fired:

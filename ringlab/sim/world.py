@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import types
 from collections import defaultdict, deque
 
 import greenlet
@@ -53,13 +54,14 @@ class Actor:
     """A rank's program (stream 0) or one of its works (stream 1)."""
 
     __slots__ = ("rank", "stream", "glet", "clock", "time", "waiting", "finished", "result",
-                 "spans", "span_path", "comm", "unwinding", "poll_push")
+                 "spans", "span_path", "comm", "unwinding", "abandoned", "poll_push")
 
     def __init__(self, rank, stream=0, clock=0, time=0.0):
         self.rank, self.stream, self.glet, self.clock, self.time = rank, stream, None, clock, time
         self.waiting, self.finished, self.result = None, False, None
         self.spans, self.span_path, self.comm = [], "", None
         self.unwinding = False
+        self.abandoned = False     # it kept catching the time limit: never resumed again
         self.poll_push = None      # the push count of its heap entry, while that is a poll
 
     def key(self):
@@ -308,19 +310,38 @@ class World:
             raise greenlet.GreenletExit
         self.hub.switch()
 
+    def give_up(self, frame):
+        """Called by the watchdog's signal handler, in whatever code is running,
+        when the program keeps catching the time limit's interrupt. If that is a
+        rank (or one of its works), leave it for good: switch back to the
+        scheduler and raise the interrupt there. A switch is not an exception,
+        so no ``except`` in the rank can stop it; the rank stays suspended here,
+        and the run ends with a timeout at ``frame``, where the rank was."""
+        me = self.current
+        if me is None or me.glet is not greenlet.getcurrent() or me.glet is self.net_glet:
+            return          # the scheduler or the network: ringlab's own code, not stuck
+        me.abandoned = True
+        tb = None           # the rank's frames, innermost last, for the diagnosis
+        while frame is not None:
+            tb = types.TracebackType(tb, frame, frame.f_lasti, frame.f_lineno)
+            frame = frame.f_back
+        self.hub.throw(Interrupt, Interrupt(), tb)
+
     def kill_unfinished(self):
         self.aborting = True
         if self.net_glet:                  # the network's actor: it just stops
             self.net_glet.throw(greenlet.GreenletExit)
         for me in self.all_actors():
-            if me.glet:     # a greenlet is true while started and not yet finished
+            # A greenlet is true while started and not yet finished. One given up
+            # on is not resumed: it would go on catching whatever we throw at it.
+            if me.glet and not me.abandoned:
                 self.current = me
                 try:
                     me.glet.throw(greenlet.GreenletExit)
-                except BaseException:  # noqa: BLE001 - a dying rank cannot report anything more
+                except BaseException:  # noqa: BLE001 - a dying rank (or give_up) cannot report more
                     pass
-                if me.glet:         # it caught the exit and called in again: leave it be
-                    _ABANDONED.append(me.glet)
+            if me.glet:         # it caught the exit and called in again, or was given up on
+                _ABANDONED.append(me.glet)
         self.current = None
 
     # -- point to point -------------------------------------------------------------
