@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: book book-shape test unit notebooks lab grade bench clean
+.PHONY: book book-shape shape test tests-and-notebooks unit notebooks lab grade bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -24,22 +24,36 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build . --builder html -W --keep-going
 	@echo "Open _build/html/index.html in a browser."
 
-# Two worker processes, each running whole files (tests in a file share fixtures).
-XDIST   := -n 2 --dist loadfile
+# Most tests wait on processes they start (ranks, kernels, gloo, a browser):
+# three workers keep two cores busy. Tests go to whichever worker is free.
+XDIST   := -n 3 --dist worksteal
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q $(XDIST)
 
+# A notebook's cells run in order in one kernel: each notebook stays on one worker.
 notebooks: $(STAMP)
-	$(BIN)/python -m pytest -q $(XDIST) --nbval-lax -p no:cacheprovider exercises solutions
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --nbval-lax -p no:cacheprovider \
+		exercises solutions
 
-# Checks on the built book: chapter heights in a 1400 x 900 browser, output widths
-# (tests/test_book_shape.py; skipped by `make unit`, which builds no book).
-book-shape: book
+# Checks on the built book: chapter heights in a 1400 x 900 browser, output widths,
+# the player on its page and no JavaScript errors (skipped by `make unit`, which
+# builds no book).
+book-shape: book shape
+
+shape:
 	RINGLAB_BOOK_HTML=$(CURDIR)/_build/html $(BIN)/python -m pytest -q -p no:cacheprovider \
-		tests/test_book_shape.py
+		tests/test_book_shape.py tests/test_browser.py::test_player_runs_in_the_built_book
 
-test: unit notebooks book book-shape
+# The tests, then the notebooks, while the book builds beside them (it keeps a core
+# busy while the tests wait); then the checks on the built book.
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j2 --output-sync=target tests-and-notebooks book
+	$(MAKE) --no-print-directory shape
+
+tests-and-notebooks: $(STAMP)
+	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory notebooks
 
 lab: $(STAMP)
 	$(BIN)/python -m pip install -e '.[lab]'

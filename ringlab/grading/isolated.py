@@ -772,8 +772,18 @@ def _result(world, timeout, check_unreceived):
     return RunResult([me.result for me in world.actors], trace, world.payloads, trace.time)
 
 
+# A graders' time limits are set for ``ringlab.grade``, where a communication
+# call costs about 20 us. Here each one is a round trip between two processes
+# (0.3 to 1 ms, more on a busy machine), so a heavy case (ZeRO-3, 12 units, 4
+# ranks: about 1,000 calls) needs longer; an endless loop is still stopped.
+ISOLATED_SLOWDOWN = 3
+
+
 def runner(memory_mb=512, banned=()):
-    """A drop-in for ``ringlab.run`` that runs isolated (``grade_cases(runner=...)``)."""
-    def run(program, inputs, **kw):
-        return run_isolated(program, inputs, memory_mb=memory_mb, banned=banned, **kw)
+    """A drop-in for ``ringlab.run`` that runs isolated (``grade_cases(runner=...)``),
+    with the grader's time limit times ``ISOLATED_SLOWDOWN``."""
+    def run(program, inputs, timeout=10.0, **kw):
+        timeout = None if timeout is None else timeout * ISOLATED_SLOWDOWN
+        return run_isolated(program, inputs, memory_mb=memory_mb, banned=banned,
+                            timeout=timeout, **kw)
     return run
