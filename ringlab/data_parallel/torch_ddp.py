@@ -84,19 +84,27 @@ def train_ddp(world_size, batches, *, sizes, seed, lr, start_method="spawn", tim
     """Train with DDP on ``world_size`` gloo processes; rank 0's final parameters.
     Raises ``TimeoutError`` (after stopping the processes) if they have not all
     finished within ``timeout`` seconds."""
+    return run_gloo_workers(_worker, world_size, (batches, sizes, seed, lr),
+                            what="DDP", timeout=timeout, start_method=start_method)
+
+
+def run_gloo_workers(worker, world_size, args, *, what, timeout, start_method="spawn"):
+    """Start ``worker(rank, world_size, init_file, *args, out_file)`` on
+    ``world_size`` processes and return the array rank 0 saved to ``out_file``.
+    Joined with a deadline: a hung gloo collective stops the processes and
+    raises ``TimeoutError`` naming ``what``, instead of hanging the caller."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         init_file, out_file = os.path.join(tmp, "init"), os.path.join(tmp, "params.npy")
-        procs = mp.start_processes(_worker, nprocs=world_size, join=False,
+        procs = mp.start_processes(worker, nprocs=world_size, join=False,
                                    start_method=start_method,
-                                   args=(world_size, init_file, batches, sizes, seed, lr,
-                                         out_file))
+                                   args=(world_size, init_file, *args, out_file))
         deadline = time.monotonic() + timeout
         while not procs.join(timeout=0.5):       # raises if a worker failed
             if time.monotonic() > deadline:
                 for p in procs.processes:
                     p.kill()
-                raise TimeoutError(f"DDP on {world_size} gloo processes did not finish "
+                raise TimeoutError(f"{what} on {world_size} gloo processes did not finish "
                                    f"within {timeout} s")
         return np.load(out_file)

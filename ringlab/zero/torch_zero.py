@@ -16,13 +16,9 @@ divisible by ``world_size``. Started with "spawn" and bounded by ``timeout``,
 as ``torch_ddp.train_ddp`` is (its docstring says why not "fork").
 """
 
-import os
-import tempfile
-import time
-
 import numpy as np
 
-from ..data_parallel.torch_ddp import flat_params, torch_twin
+from ..data_parallel.torch_ddp import flat_params, run_gloo_workers, torch_twin
 
 
 def _worker(rank, world_size, init_file, batches, sizes, seed, lr, out_file):
@@ -54,19 +50,5 @@ def train_zero(world_size, batches, *, sizes, seed, lr, timeout=120.0):
     """Train with DDP + ZeroRedundancyOptimizer(Adam) on ``world_size`` gloo
     processes; rank 0's final parameters. Raises ``TimeoutError`` (after
     stopping the processes) if they have not all finished within ``timeout`` s."""
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        init_file, out_file = os.path.join(tmp, "init"), os.path.join(tmp, "params.npy")
-        procs = mp.start_processes(_worker, nprocs=world_size, join=False,
-                                   start_method="spawn",
-                                   args=(world_size, init_file, batches, sizes, seed, lr,
-                                         out_file))
-        deadline = time.monotonic() + timeout
-        while not procs.join(timeout=0.5):       # raises if a worker failed
-            if time.monotonic() > deadline:
-                for p in procs.processes:
-                    p.kill()
-                raise TimeoutError(f"ZeroRedundancyOptimizer on {world_size} gloo processes "
-                                   f"did not finish within {timeout} s")
-        return np.load(out_file)
+    return run_gloo_workers(_worker, world_size, (batches, sizes, seed, lr),
+                            what="ZeroRedundancyOptimizer", timeout=timeout)
