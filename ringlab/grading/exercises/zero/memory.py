@@ -220,3 +220,26 @@ def tampered(ledger):
     if ledger.tampered:
         return f"the grader's memory measurement was tampered with: {ledger.tampered}"
     return ""
+
+
+def measured_steps(comm, spec, model_bytes, steps, take_step, after_step):
+    """The grader's step loop: ``take_step(comm_or_probe, x, y, batch)`` for each
+    of ``steps``, with memory measured where the case asks; ``after_step(t)``
+    checks the state left after step t. Returns (a problem or None, the per-step
+    (start, peak) pairs as an array of shape (steps, 2))."""
+    from .common import report_problem
+    ledger = ledger_for(comm, spec, model_bytes)
+    probe = MemoryProbe(comm, ledger) if ledger else comm
+    memory = []
+    for t, (x, y, batch) in enumerate(steps):
+        if ledger:
+            ledger.step_begin()
+        take_step(probe, x, y, batch)
+        if ledger:
+            memory.append(ledger.step_end())
+            if tampered(ledger):
+                return report_problem("memory is measured", tampered(ledger)), None
+        bad = after_step(t)
+        if bad:
+            return bad, None
+    return None, np.array(memory, dtype=np.float64).reshape(-1, 2)

@@ -42,7 +42,7 @@ import numpy as np
 from ...report import Failure, run_case
 from ..data_parallel import callable_learner
 from . import common as C
-from .memory import MemoryProbe, ledger_for, tampered
+from .memory import measured_steps
 from ....nn import Adam, FlatBuffer, flatten, mlp_model
 
 NAME = "zero1_step"
@@ -72,23 +72,14 @@ def _train(comm, steps, spec, learner):
     model = mlp_model(spec["sizes"], np.random.default_rng(spec["seed"]))
     master = FlatBuffer(model.named_parameters(), pad_to=n).shard(r, n).copy()
     opt = Adam(master, spec["lr"])
-    ledger = ledger_for(comm, spec, 8 * sum(v.size for v in model.named_parameters().values()))
-    probe = MemoryProbe(comm, ledger) if ledger else comm
     shapes = {k: v.shape for k, v in model.named_parameters().items()}
-    memory = []
-    for t, (x, y, batch) in enumerate(steps):
-        if ledger:
-            ledger.step_begin()
-        learner(probe, model, opt, x, y, batch)
-        if ledger:
-            memory.append(ledger.step_end())
-            if tampered(ledger):
-                return C.report_problem("memory is measured", tampered(ledger))
-        bad = shard_state(opt, master, t, r) or model_state(model, shapes, r)
-        if bad:
-            return bad
-    return [np.zeros(0), flatten(model.named_parameters()).data.copy(), master.copy(),
-            np.array(memory, dtype=np.float64).reshape(-1, 2)]
+    bad, memory = measured_steps(
+        comm, spec, 8 * sum(v.size for v in model.named_parameters().values()), steps,
+        lambda c, x, y, batch: learner(c, model, opt, x, y, batch),
+        lambda t: shard_state(opt, master, t, r) or model_state(model, shapes, r))
+    if bad:
+        return bad
+    return [np.zeros(0), flatten(model.named_parameters()).data.copy(), master.copy(), memory]
 
 
 def shard_state(opt, master, t, r):

@@ -49,7 +49,7 @@ import numpy as np
 from ...report import Failure
 from ..data_parallel import callable_learner
 from . import common as C
-from .memory import MemoryProbe, ledger_for, tampered
+from .memory import measured_steps
 from .zero1_step import memory, model_state, shard_state
 from ....cost.alpha_beta import AlphaBeta
 from ....nn import Adam, FlatBuffer, mlp_model
@@ -133,23 +133,16 @@ def _train(comm, steps, spec, learner):
     layout = BucketLayout(model.named_parameters(), n, spec["segments"])
     master = layout.master_shard(model.named_parameters(), r).copy()
     opt = Adam(master, spec["lr"])
-    ledger = ledger_for(comm, spec, 8 * sum(v.size for v in model.named_parameters().values()))
-    probe = MemoryProbe(comm, ledger) if ledger else comm
     shapes = {k: v.shape for k, v in model.named_parameters().items()}
-    memory_ = []
-    for t, (x, y, batch) in enumerate(steps):
-        if ledger:
-            ledger.step_begin()
-        learner(probe, model, opt, x, y, batch, layout=layout, flops_per_second=FLOPS)
-        if ledger:
-            memory_.append(ledger.step_end())
-            if tampered(ledger):
-                return C.report_problem("memory is measured", tampered(ledger))
-        bad = shard_state(opt, master, t, r) or model_state(model, shapes, r)
-        if bad:
-            return bad
+    bad, memory_ = measured_steps(
+        comm, spec, 8 * sum(v.size for v in model.named_parameters().values()), steps,
+        lambda c, x, y, batch: learner(c, model, opt, x, y, batch, layout=layout,
+                                       flops_per_second=FLOPS),
+        lambda t: shard_state(opt, master, t, r) or model_state(model, shapes, r))
+    if bad:
+        return bad
     flat = np.concatenate([np.ravel(p) for p in model.named_parameters().values()])
-    return [np.zeros(0), flat, master.copy(), np.array(memory_, dtype=np.float64).reshape(-1, 2)]
+    return [np.zeros(0), flat, master.copy(), memory_]
 
 
 def check(program, case, backend="sim"):

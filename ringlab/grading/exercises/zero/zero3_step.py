@@ -43,7 +43,7 @@ import numpy as np
 from ...report import Failure
 from ..data_parallel import callable_learner
 from . import common as C
-from .memory import MemoryProbe, ledger_for, tampered
+from .memory import measured_steps
 from .zero1_step import SLACK
 from ....nn import Adam, FlatBuffer, mlp_model
 
@@ -130,22 +130,13 @@ def _train(comm, steps, spec, learner):
     model = ShardedModel(mlp_model(spec["sizes"], np.random.default_rng(spec["seed"])), r, n)
     opt = Adam(model.shards(), spec["lr"])
     shards = [u.shard for u in model.units]
-    ledger = ledger_for(comm, spec, 8 * sum(u.padded for u in model.units))
-    probe = MemoryProbe(comm, ledger) if ledger else comm
-    memory = []
-    for t, (x, y, batch) in enumerate(steps):
-        if ledger:
-            ledger.step_begin()
-        learner(probe, model, opt, x, y, batch)
-        if ledger:
-            memory.append(ledger.step_end())
-            if tampered(ledger):
-                return C.report_problem("memory is measured", tampered(ledger))
-        bad = state(model, opt, shards, t, r)
-        if bad:
-            return bad
-    return [np.zeros(0), np.concatenate(shards).copy(),
-            np.array(memory, dtype=np.float64).reshape(-1, 2)]
+    bad, memory = measured_steps(
+        comm, spec, 8 * sum(u.padded for u in model.units), steps,
+        lambda c, x, y, batch: learner(c, model, opt, x, y, batch),
+        lambda t: state(model, opt, shards, t, r))
+    if bad:
+        return bad
+    return [np.zeros(0), np.concatenate(shards).copy(), memory]
 
 
 def state(model, opt, shards, t, r):
