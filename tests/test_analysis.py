@@ -187,6 +187,36 @@ def test_zero_stages_bytes_equal_the_trace(n):
     assert runs["DP"].time == pytest.approx(2 * (3 * flops / 1e9 + allreduce), rel=1e-9)
 
 
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_dp_communication_that_fits_its_window_adds_nothing(zero):
+    """GPT-3 175B, dp=8 tp=8 pp=16, B=512, b=8 (m=8) on DGX A100: the overlappable
+    data-parallel collectives (the gradient AllReduce or ReduceScatter, ZeRO-3's
+    gathers) take less than the compute they run under, so they add nothing to
+    the step; only ZeRO-1/2's parameter AllGather, after the optimizer step, does."""
+    hw = presets.HARDWARE["dgx-a100"]
+    lay = Layout(dp=8, tp=8, pp=16, global_batch=512, micro_batch=8, zero=zero)
+    r = analyze(presets.MODELS["gpt3-175b"], lay, hw)
+    d, p, m = 8, 16, r.layout.microbatches
+    assert m == 8 and r.links["dp"] == "inter"
+    # the ring closed forms on the inter-node link: (d-1) steps of one chunk each
+    alpha, beta = hw.inter_latency, 1 / hw.inter_bw
+    grads = params = 2 * r.params_per_gpu                   # 16-bit gradients and weights
+    rs = (d - 1) * (alpha + grads / d * beta)               # ReduceScatter of the gradients
+    ag = (d - 1) * (alpha + params / d * beta)              # AllGather of the weights
+    hidden, exposed = {0: (2 * rs, 0.0), 1: (rs, ag), 2: (m * rs, ag),
+                       3: (2 * m * ag + m * rs, 0.0)}[zero]
+    compute = r.flops / lay.gpus / (hw.peak_flops * hw.achieved)
+    last_backward = compute / m * 2 / 3                     # backward: 2 of 3 passes
+    window = {0: last_backward, 1: last_backward, 2: m * last_backward, 3: compute}[zero]
+    assert 0 < hidden < window                              # it fits: nothing left over
+    assert r.times["dp_exposed"] == pytest.approx(exposed, rel=1e-12, abs=0)
+    # the step: m microbatches of T = compute + TP per microbatch and the bubble, (p-1) T,
+    # plus the pipeline's exposed messages and the AllGather of ZeRO-1/2
+    work = compute + r.times["tp"]
+    expected = work * (1 + (p - 1) / m) + r.times["pp_exposed"] + exposed
+    assert r.step == pytest.approx(expected, rel=1e-12)
+
+
 # -- (b) against published formulas ------------------------------------------------------------
 
 def test_zero_memory_table():
