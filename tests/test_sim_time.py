@@ -158,6 +158,27 @@ def test_a_work_overlaps_compute_and_wait_returns_its_result():
     assert {e.stream for e in a.trace} == {1} and {e.stream for e in b.trace} == {0}
 
 
+def test_waiting_on_a_finished_work_moves_the_rank_to_its_end():
+    # The work is one exchange of 8 * length bytes: it ends at alpha + 8 length beta.
+    # The program computes a quarter of that, then waits: a work the scheduler has
+    # already run to its end (in Python) still ends later in simulated time.
+    alpha, beta, length = 1e-4, 1e-8, 4000
+    end = alpha + 8 * length * beta
+
+    def prog(comm, x):
+        peer = 1 - comm.rank
+        work = comm.start(lambda c, x: c.sendrecv(x, peer, peer), x)
+        comm.compute(end / 4)
+        finished = work.done
+        work.wait()
+        return finished, comm.time
+
+    res = ringlab.run(prog, [np.ones(length)] * 2, network=AlphaBeta(alpha, beta))
+    assert any(finished for finished, _ in res.outputs)      # the case under test happened
+    assert [e.end for e in res.trace] == [pytest.approx(end, rel=1e-12)] * 2
+    assert [t for _, t in res.outputs] == [pytest.approx(end, rel=1e-12)] * 2
+
+
 def test_works_on_one_stream_run_in_order_and_have_their_own_message_space():
     def prog(comm, x):
         w1 = comm.start(ring_allreduce, x)
