@@ -478,6 +478,32 @@ def z3_gather_all_up_front(comm, model, opt, x, y, batch_size, loss_fn=mse):
     return loss
 
 
+def z3_reduce_scatter_before_second_gather(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """Keeps the last unit's forward gather for its backward, ReduceScatters its
+    gradient and only then gathers it again: two AllGathers and one ReduceScatter
+    per unit, units in the right order, but one ReduceScatter before its unit's
+    second AllGather."""
+    last = model.units[-1]
+    for unit in model.units:
+        _gather(comm, unit)
+        for layer in unit.layers:
+            x = layer.forward(x)
+        if unit is not last:
+            _free(unit)
+    loss, dy = loss_fn(x, y)
+    for unit in reversed(model.units):
+        if unit is not last:
+            _gather(comm, unit)
+        dy, full_grad = _unit_backward(unit, dy)
+        full_grad *= len(x) / batch_size
+        unit.grad_shard[...] = ring_reduce_scatter(comm, full_grad)
+        if unit is last:
+            _gather(comm, unit)                 # the second AllGather, too late
+        _free(unit)
+    opt.step(model.grad_shards())
+    return loss
+
+
 def z3_freed_before_backward(comm, model, opt, x, y, batch_size, loss_fn=mse):
     """Frees each unit after forward and runs backward without gathering it again."""
     for unit in model.units:
