@@ -18,10 +18,12 @@ ones (``ringlab.DeviceMesh`` makes a grid of them). In a group, ``rank``,
 ``world_size`` and the peers you name are the group's own numbers (0 .. size-1);
 the trace records global rank numbers and the group's name.
 
-The same class serves the simulator (``ringlab.sim``) and real processes
-(``ringlab.backends.torch``): each supplies the "world" that the methods below
-call into. The checks of a call's arguments live here, so that both report a
-mistake in the same words.
+The same class serves every way a program runs: the simulator
+(``ringlab.sim``), real processes (``ringlab.backends.torch``) and the
+isolated rank processes of trusted grading (``ringlab.grading.isolated``).
+Each supplies a *world* (the ``World`` protocol below) that the methods call
+into. The checks of a call's arguments live here, so that every backend
+reports a mistake in the same words.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ from __future__ import annotations
 import functools
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from .errors import CommError
-from .trace import Trace
+from .trace import Span, Trace
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,111 @@ def group_label(name, ranks, groups):
         k += 1
         label = f"{name if name is not None else ranks}#{k}"
     return label
+
+
+class World(Protocol):
+    """What a world offers the ``Comm`` objects of its ranks: the one interface
+    between a rank's program and whatever runs it.
+
+    Three worlds implement it: the simulator (``ringlab.sim.world.World``),
+    real processes (``ringlab.backends.torch``'s ``ProcessWorld``) and a rank
+    in a process of its own, whose every call goes to a simulator in the
+    grader (``ringlab.grading.isolated``). ``Comm`` checks a call's arguments
+    and turns group ranks into global ranks; the world does the rest. Each
+    method gets the calling ``Comm`` first: its ``_me`` is the calling actor
+    (``.rank``, ``.stream``, ``.clock``, ``.time``; the program is stream 0, a
+    ``comm.start`` work stream 1), its ``group`` the group called on.
+
+    ``send``, ``recv``, ``sendrecv`` and the spans have defaults here, built
+    from the others; a world overrides them where it can do better (one round
+    trip instead of two, a send without a copy).
+    """
+
+    def isend(self, comm, array, dst, chunk, op, tag):
+        """Start sending ``array`` to global rank ``dst``; returns a request
+        (``wait()``, ``is_completed()``)."""
+
+    def irecv(self, comm, src, expect, out, tag):
+        """Post a receive from global rank ``src``; ``expect``: ``(shape, dtype)``
+        or ``ANY``; ``out``: the array to fill, or None. Returns a request whose
+        ``wait()`` gives the array."""
+
+    def recv_any(self, comm, tag):
+        """The first message from any rank of the group: ``(global src, array)``."""
+
+    def compute(self, comm, seconds, label, meta):
+        """Spend ``seconds`` of simulated time (``meta``: a dict for the trace)."""
+
+    def memory(self, comm, label, nbytes):
+        """``comm.alloc`` (``nbytes > 0``) or ``comm.free`` (``nbytes < 0``;
+        None: all of ``label``). The world keeps the book (see ``Ledger``)."""
+
+    def start(self, comm, fn, args, kwargs):
+        """Run ``fn(stream_comm, *args, **kwargs)`` on the communication stream;
+        returns a work (``wait()``, ``is_completed()``)."""
+
+    def new_group(self, comm, ranks, name):
+        """The ``Group`` of global ``ranks`` (every rank of ``comm`` calls it alike)."""
+
+    def agree(self, comm, value, what):
+        """A barrier (``what="barrier"``) or split: every rank of the group's ``value``."""
+
+    def send(self, comm, array, dst, chunk, op, tag):
+        self.isend(comm, array, dst, chunk, op, tag).wait()
+
+    def recv(self, comm, src, expect, out, tag):
+        return self.irecv(comm, src, expect, out, tag).wait()
+
+    def sendrecv(self, comm, array, dst, src, chunk, op, tag):
+        req = self.isend(comm, array, dst, chunk, op, tag)
+        got = self.recv(comm, src, ANY, None, tag)
+        req.wait()
+        return got
+
+    def span_enter(self, comm, name):
+        """Messages sent from now on are part of ``name`` (nested in the current span)."""
+        me = comm._me
+        outer = me.span_path
+        me.span_path = f"{outer}/{name}" if outer else name
+        return outer, me.clock, me.time
+
+    def span_exit(self, comm, token):
+        me = comm._me
+        outer, start, t0 = token
+        me.spans.append(Span(me.rank, me.span_path, start, me.clock, comm.group.label, me.stream,
+                             t0, me.time))
+        me.span_path = outer
+
+
+class Ledger:
+    """``comm.alloc``/``comm.free``'s book: what each rank holds, by label, one
+    book per rank for all its streams. A world keeps one and asks it first."""
+
+    def __init__(self):
+        self.held = {}          # rank -> {label: bytes}
+
+    def change(self, comm, label, nbytes):
+        """The signed bytes that ``alloc`` (``nbytes > 0``) or ``free``
+        (``nbytes <= 0``, or None: all) changes, after checking the book."""
+        me = comm._me
+        held = self.held.setdefault(me.rank, {})
+        if nbytes is not None and nbytes > 0:
+            held[label] = held.get(label, 0) + nbytes
+            return nbytes
+        have = held.get(label, 0)
+        n = have if nbytes is None else -nbytes
+        if n > have or not have:
+            call = f"free({label!r})" if nbytes is None else f"free({label!r}, {n})"
+            why = (f"holds only {have} bytes under {label!r}" if have
+                   else f"holds nothing under {label!r}")
+            raise CommError(f"rank {me.rank}, step {me.clock}: {call}: this rank {why} "
+                            f"(all it holds: {held}). Hint: free what you alloc, "
+                            f"under the same label")
+        if n == have:
+            del held[label]         # so an error lists only what is really held
+        else:
+            held[label] = have - n
+        return -n
 
 
 class Comm:
@@ -119,20 +227,24 @@ class Comm:
         raise CommError(f"{where}: {call}({what}={peer}): a rank cannot {call} to or from itself; "
                         f"keep your own data locally.")
 
+    def _array(self, array, dst):
+        if not isinstance(array, np.ndarray):
+            raise CommError(f"rank {self.rank}, step {self._me.clock + 1}: send(dst={self._index[dst]}) "
+                            f"needs a numpy array, got {type(array).__name__}. Hint: np.asarray(value).")
+        return array
+
     # -- point to point ----------------------------------------------------------
     def send(self, array, dst, *, chunk=None, op=None, tag=0):
         """Send ``array`` to rank ``dst``. ``chunk`` and ``op`` label the message
         in the trace (which piece moves, and what the receiver does with it)."""
-        self.isend(array, dst, chunk=chunk, op=op, tag=tag).wait()
+        dst = self._peer(dst, "send", "dst")
+        self._world.send(self, self._array(array, dst), dst, chunk, op, tag)
 
     def isend(self, array, dst, *, chunk=None, op=None, tag=0):
         """Start a send; returns a request. The payload is copied now, so you may
         change ``array`` afterwards without changing what arrives."""
         dst = self._peer(dst, "send", "dst")
-        if not isinstance(array, np.ndarray):
-            raise CommError(f"rank {self.rank}, step {self._me.clock + 1}: send(dst={self._index[dst]}) "
-                            f"needs a numpy array, got {type(array).__name__}. Hint: np.asarray(value).")
-        return self._world._isend(self, array, dst, chunk, op, tag)
+        return self._world.isend(self, self._array(array, dst), dst, chunk, op, tag)
 
     def recv(self, src, *, out=None, shape=None, dtype=None, tag=0):
         """Receive the next message from rank ``src`` and return it.
@@ -140,14 +252,19 @@ class Comm:
         Pass ``out=`` (an array to fill, as in ``torch.distributed.recv``) or
         ``shape=``/``dtype=`` to have the message checked against what you expect.
         """
-        return self.irecv(src, out=out, shape=shape, dtype=dtype, tag=tag).wait()
+        gsrc, expected = self._receive(src, out, shape, dtype)
+        return self._world.recv(self, gsrc, expected, out, tag)
 
     def irecv(self, src, *, out=None, shape=None, dtype=None, tag=0):
         """Post a receive; ``request.wait()`` returns the array."""
+        gsrc, expected = self._receive(src, out, shape, dtype)
+        return self._world.irecv(self, gsrc, expected, out, tag)
+
+    def _receive(self, src, out, shape, dtype):
         gsrc = self._peer(src, "recv", "src")
         expected = ANY if out is None and shape is None and dtype is None else expect(
             self.rank, src, out, shape, dtype)
-        return self._world._irecv(self, gsrc, expected, out, tag)
+        return gsrc, expected
 
     def recv_any(self, *, tag=0):
         """Receive the first message to arrive from any rank of the group:
@@ -156,16 +273,14 @@ class Comm:
         "First" is the earliest simulated arrival; ties, and runs without a
         network model, go to the earliest step, then the lowest sending rank.
         """
-        src, array = self._world._recv_any(self, tag)
+        src, array = self._world.recv_any(self, tag)
         return self._index[src], array
 
     def sendrecv(self, array, dst, src, *, chunk=None, op=None, tag=0):
         """Send to ``dst`` and receive from ``src`` at once (like ``MPI_Sendrecv``).
         Safe even in rendezvous mode, because the send does not block the receive."""
-        req = self.isend(array, dst, chunk=chunk, op=op, tag=tag)
-        got = self.recv(src, tag=tag)
-        req.wait()
-        return got
+        gdst, gsrc = self._peer(dst, "send", "dst"), self._peer(src, "recv", "src")
+        return self._world.sendrecv(self, self._array(array, gdst), gdst, gsrc, chunk, op, tag)
 
     # -- time ----------------------------------------------------------------------
     def compute(self, seconds, label="compute", **meta):
@@ -174,7 +289,7 @@ class Comm:
         if not (isinstance(seconds, (int, float, np.floating, np.integer)) and seconds >= 0):
             raise CommError(f"rank {self.rank}, step {self._me.clock}: compute(seconds={seconds!r}) "
                             f"needs a number of seconds >= 0")
-        self._world._compute(self, float(seconds), label, meta)
+        self._world.compute(self, float(seconds), label, meta)
 
     # -- memory ----------------------------------------------------------------------
     def alloc(self, label, nbytes):
@@ -194,42 +309,26 @@ class Comm:
             >>> trace.memory_timeline(0)
             [(0.0, 64), (1.0, 128), (1.5, 64)]
         """
-        n = self._nbytes("alloc", label, nbytes)
-        self._held()[label] = self._held().get(label, 0) + n
-        self._world._memory(self, label, n)
+        self._world.memory(self, self._label(label, "alloc"), self._nbytes("alloc", label, nbytes))
 
     def free(self, label, nbytes=None):
         """Give back ``nbytes`` (an int or an array) of what this rank holds under
         ``label``; ``None``: all of it."""
-        held = self._held()
-        have = held.get(label, 0)
-        n = have if nbytes is None else self._nbytes("free", label, nbytes)
-        if n > have or not have:
-            call = f"free({label!r})" if nbytes is None else f"free({label!r}, {n})"
-            why = (f"holds only {have} bytes under {label!r}" if have
-                   else f"holds nothing under {label!r}")
-            raise CommError(f"rank {self._me.rank}, step {self._me.clock}: {call}: this rank {why} "
-                            f"(all it holds: {held}). Hint: free what you alloc, "
-                            f"under the same label")
-        if n == have:
-            del held[label]         # so an error lists only what is really held
-        else:
-            held[label] = have - n
-        self._world._memory(self, label, -n)
+        n = None if nbytes is None else -self._nbytes("free", label, nbytes)
+        self._world.memory(self, self._label(label, "free"), n)
 
-    def _held(self):
-        """``{label: bytes}`` this rank holds: one ledger per rank, for all its streams."""
-        return self._world.held.setdefault(self._me.rank, {})
+    def _label(self, label, call):
+        if not isinstance(label, str):
+            raise CommError(f"rank {self._me.rank}, step {self._me.clock}: {call}(label={label!r}) "
+                            f"needs a str label, such as 'params' or 'adam.m'")
+        return label
 
     def _nbytes(self, call, label, nbytes):
-        where = f"rank {self._me.rank}, step {self._me.clock}"
-        if not isinstance(label, str):
-            raise CommError(f"{where}: {call}(label={label!r}) needs a str label, such as "
-                            f"'params' or 'adam.m'")
+        self._label(label, call)
         n = getattr(nbytes, "nbytes", nbytes)       # an array counts its bytes
         if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise CommError(f"{where}: {call}({label!r}, {nbytes!r}) needs a number of bytes "
-                            f"(an int >= 0) or an array")
+            raise CommError(f"rank {self._me.rank}, step {self._me.clock}: {call}({label!r}, "
+                            f"{nbytes!r}) needs a number of bytes (an int >= 0) or an array")
         return int(n)
 
     def start(self, fn, *args, **kwargs):
@@ -240,7 +339,10 @@ class Comm:
         on one group run one after another, in order; their messages have a
         message space of their own, so they never mix with the program's.
         """
-        return self._world._start(self, fn, args, kwargs)
+        if not callable(fn):
+            raise CommError(f"rank {self.rank}, step {self._me.clock}: start(fn={fn!r}) needs a "
+                            f"function to run on the communication stream")
+        return self._world.start(self, fn, args, kwargs)
 
     # -- groups ----------------------------------------------------------------------
     def new_group(self, ranks, name=None):
@@ -250,6 +352,11 @@ class Comm:
         ``torch.distributed.new_group``; members get a ``Comm`` whose ``rank``
         and ``world_size`` are the new group's, the others get ``None``.
         """
+        group = self._world.new_group(self, self._group_ranks(ranks), name)
+        return self._sub(group) if self._me.rank in group.ranks else None
+
+    def _group_ranks(self, ranks):
+        """``ranks`` (this group's numbers), checked, as global ranks."""
         try:
             members = [int(r) for r in ranks]
         except (TypeError, ValueError):
@@ -258,14 +365,13 @@ class Comm:
         if bad or len(set(members)) != len(members) or not members:
             raise CommError(f"rank {self.rank}: new_group(ranks={members}) needs distinct ranks in "
                             f"0..{self.world_size - 1}, at least one")
-        group = self._world._new_group(self, tuple(self._to_global[r] for r in members), name)
-        return self._sub(group) if self._me.rank in group.ranks else None
+        return tuple(self._to_global[r] for r in members)
 
     def split(self, color, key=0, name=None):
         """MPI's ``Comm.Split``: ranks that pass the same ``color`` form a group,
         ordered by ``key`` and then by their rank here. A rank passing
         ``color=None`` joins none and gets ``None``. Every rank of this group calls it."""
-        told = self._world._agree(self, ("split", color, key), "split")
+        told = self._world.agree(self, ("split", color, key), "split")
         colors = sorted({c for _, c, _ in told if c is not None}, key=repr)
         mine = None
         for c in colors:      # every rank creates every group, in the same order
@@ -278,25 +384,21 @@ class Comm:
 
     def barrier(self):
         """Wait until every rank of the group has called ``barrier``."""
-        self._world._agree(self, None, "barrier")
+        self._world.agree(self, None, "barrier")
 
     def _sub(self, group):
-        return type(self)(self._world, self._me, group, self._stream)
+        return Comm(self._world, self._me, group, self._stream)
 
     # -- labels ------------------------------------------------------------------------
     @contextmanager
     def span(self, name):
         """Label every message sent inside the block as part of ``name``.
         Spans nest: ``"mlp.forward/ring_allreduce"``."""
-        me = self._me
-        outer = me.span_path
-        me.span_path = f"{outer}/{name}" if outer else name
-        start, t0 = me.clock, me.time
+        token = self._world.span_enter(self, str(name))
         try:
             yield
         finally:
-            me.spans.append(self._world._span(me, me.span_path, start, t0, self.group.label))
-            me.span_path = outer
+            self._world.span_exit(self, token)
 
     def __repr__(self):
         g = "" if self.group.label is None else f" group={self.group.label!r}"
@@ -322,6 +424,9 @@ class RunResult:
     trace: Trace
     payloads: dict | None = None   # payload_key(event) -> array, if record_payloads
     time: float = 0.0
+    # With record_payloads, in the simulator: (event, the array its receiver got),
+    # each receiver's own copy, to tell what a receiver changed in place.
+    handed: list | None = None
 
     def payload(self, event):
         """The array message ``event`` carried (the run must have had ``record_payloads=True``)."""

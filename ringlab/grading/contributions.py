@@ -10,8 +10,6 @@ and short vectors.
 
 import numpy as np
 
-from ..runner import run
-from .guard import guarded
 from .report import active_runner
 
 BASE = 16
@@ -30,12 +28,9 @@ def probe_run(program, world_size, length):
     if world_size > MAX_WORLD:
         return None
     try:
-        runner = active_runner()
-        if runner is run:
-            # Guarded: a receiver that adds into what it received must not change the record
-            # of the message. (Isolated runs copy every message across a pipe anyway.)
-            program = guarded(program, [])
-        return runner(program, probe_inputs(world_size, length), record_payloads=True, timeout=10.0)
+        # Recording payloads: a receiver that adds into what it received gets its
+        # own copy, and cannot change the record of the message.
+        return active_runner()(program, probe_inputs(world_size, length), record_payloads=True, timeout=10.0)
     except Exception:   # noqa: BLE001 - it ran on random data, so a probe failure just means no detail
         return None
 

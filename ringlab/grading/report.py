@@ -20,7 +20,6 @@ import numpy as np
 from ..errors import DeadlockError, ProgramTimeout, RankError, UnreceivedMessagesError
 from ..runner import run
 from . import deadlock
-from .guard import guarded, without_guard_frames
 
 
 # What runs a case: ``ringlab.run`` (all ranks in this process), or, for trusted
@@ -130,27 +129,22 @@ def run_case(program, case, backend="sim", **kw):
     """Run one case; return (RunResult, None) or (None, Failure). Learner bugs
     become Failures with a diagnosis; a stub raises NotImplementedYet.
 
-    Every run records payloads, on every backend; in the simulator the program
-    gets its own copy of every array it receives (see ``guard.py``), and
+    Every run records payloads, on every backend; the simulator then hands
+    each receiver a copy of its own (see ``ringlab.sim.world``), and
     ``result.handed`` lists those copies, to tell later what a receiver
     changed in place."""
     inputs = copy.deepcopy(case.inputs)   # a program may modify its input in place
-    handed = []
     kw.setdefault("record_payloads", True)     # the content checks read what messages carried
-    if backend == "sim" and _RUNNER.get() is None:
-        # All ranks in one process: each gets its own copy of what it receives.
-        # (Real processes and isolated runs copy every message anyway.)
-        program = guarded(program, handed)
     try:
         result = active_runner()(program, inputs, args=case.args, timeout=kw.pop("timeout", 10.0),
                                  backend=backend, **kw)
-        result.handed = handed
+        result.handed = result.handed or []
         return result, None
     except RankError as e:
         if isinstance(e.exc, NotImplementedError):
             raise NotImplementedYet from e
         return None, Failure(case.label, "the program runs without error", e.headline,
-                             got=without_guard_frames(e.program_traceback).rstrip(),
+                             got=str(e.program_traceback).rstrip(),
                              hint="Read the last line of your code in the traceback above; the "
                                   "error happened there, on the rank named.", error=e)
     except DeadlockError as e:

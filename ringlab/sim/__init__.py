@@ -49,7 +49,8 @@ def run(program, inputs, *, args=(), kwargs=None, mode="buffered", timeout=10.0,
 
         if left and check_unreceived:
             raise UnreceivedMessagesError(trace.unreceived)
-        return RunResult([me.result for me in world.actors], trace, world.payloads, trace.time)
+        return RunResult([me.result for me in world.actors], trace, world.payloads, trace.time,
+                         world.handed)
     finally:
         world.release()     # no cycles left: the run's arrays go as soon as the caller drops them
 

@@ -72,11 +72,11 @@ def _replay(comm, log, work_logs, works, posted):
                 comms[sub.group.label] = sub
         elif kind == "agree":
             _, group, what, value = op
-            comms[group]._world._agree(comms[group], value, what)
+            comms[group]._world.agree(comms[group], value, what)
         elif kind == "compute":
             comm.compute(op[1])
         elif kind == "memory":
-            comm._world._memory(comm, op[1], op[2])
+            comm._world.memory(comm, op[1], op[2])
         elif kind == "start":
             _, i, group = op
             works[i] = comms[group].start(_replay, work_logs[i], work_logs, works, work_posted)

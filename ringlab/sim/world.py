@@ -37,9 +37,10 @@ from collections import defaultdict, deque
 import greenlet
 import numpy as np
 
-from ..comm import ANY, Comm, Group, group_label, mismatch, dtype_name
+from ..comm import ANY, Comm, Group, Ledger, group_label, mismatch, dtype_name
+from ..comm import World as WorldProtocol
 from ..errors import CommError, Wait
-from ..trace import Compute, Event, MemoryEvent, Span, Trace
+from ..trace import Compute, Event, MemoryEvent, Trace
 from .watchdog import Interrupt
 
 MODES = ("buffered", "rendezvous")
@@ -54,7 +55,7 @@ class Actor:
     """A rank's program (stream 0) or one of its works (stream 1)."""
 
     __slots__ = ("rank", "stream", "glet", "clock", "time", "waiting", "finished", "result",
-                 "spans", "span_path", "comm", "unwinding", "abandoned", "poll_push")
+                 "spans", "span_path", "comm", "unwinding", "abandoned", "poll_push", "polled")
 
     def __init__(self, rank, stream=0, clock=0, time=0.0):
         self.rank, self.stream, self.glet, self.clock, self.time = rank, stream, None, clock, time
@@ -63,6 +64,7 @@ class Actor:
         self.unwinding = False
         self.abandoned = False     # it kept catching the time limit: never resumed again
         self.poll_push = None      # the push count of its heap entry, while that is a poll
+        self.polled = None         # (time, clock, ids of what it polled then): see _poll
 
     def key(self):
         return (self.time, self.clock, self.rank, self.stream)
@@ -86,11 +88,9 @@ class Request:
         return self._world._wait(self)
 
     def is_completed(self):
-        """True once complete. A poll that says False lets the other ranks run
-        first (as ``MPI_Test`` makes progress), so a polling loop cannot starve them."""
-        if not self.done:
-            self._world._poll(self.owner)
-        return self.done
+        """Whether it is complete at this rank's simulated time (see ``World._poll``:
+        a poll costs no time; a loop that only polls waits for the next event)."""
+        return self._world._poll(self.owner, self, lambda: self.end if self.done else None)
 
     def describe(self):
         comm, tag = self.comm, f", tag={self.tag}" if self.tag else ""
@@ -113,9 +113,9 @@ class Work:
         return self._world._wait_work(self)
 
     def is_completed(self):
-        if not self.done:
-            self._world._poll(self._world.current)
-        return self.done
+        """Whether the work has finished by this rank's simulated time (see ``World._poll``)."""
+        return self._world._poll(self._world.current, self,
+                                 lambda: self.actor.time if self.done else None)
 
     def describe(self):
         return f"work.wait() for {self.name} on the communication stream"
@@ -153,7 +153,9 @@ class _Channel:
         self.sent = 0
 
 
-class World:
+class World(WorldProtocol):
+    """The simulator's world: ``ringlab.comm.World``'s methods, run on actors."""
+
     def __init__(self, world_size, mode, record_payloads, network):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -174,9 +176,14 @@ class World:
         self.streams = {}                     # (gid, rank) -> the last Work started there
         self.works = []
         self.channels = defaultdict(_Channel)  # (gid, stream, src, dst, tag) -> _Channel
-        self.events, self.computes, self.memory = [], [], []
-        self.held = {}                        # rank -> {label: bytes}: comm.alloc's ledger
+        self.events, self.computes, self.memory_events = [], [], []
+        self.ledger = Ledger()                # comm.alloc/free's book
+        # Recorded payloads are the grader's record of what travelled: a receiver
+        # gets a copy of its own (copy on receive), so that changing what it
+        # received in place cannot change the record. ``handed``: (event, the
+        # array handed over), to tell later which receiver changed its array.
         self.payloads = {} if record_payloads else None
+        self.handed = [] if record_payloads else None
         self.heap, self.pushes = [], 0
         self.any_waiters = []
         self.current = None
@@ -238,9 +245,38 @@ class World:
                 self._push(me)
                 self._yield()
 
-    def _poll(self, me):
-        """A poll that found nothing: let the actor furthest behind run first
-        (time passes while one polls), so a polling loop cannot starve the others.
+    def _poll(self, me, what, end):
+        """``is_completed()`` of ``what`` (a request or a work), asked by ``me``:
+        True if it completed at or before ``me``'s simulated time (``end()``:
+        its end, or None while it runs).
+
+        A poll costs no simulated time and moves no clock: it first lets every
+        actor behind ``me`` run (so the answer is exact at ``me``'s time: an
+        ``MPI_Test`` that makes progress), then answers. A program that polls
+        once between two computes therefore times exactly as one that does not
+        poll. Polling the same thing again at the same instant (a loop that
+        only polls, ``while not work.is_completed(): pass``) would never let
+        time pass, so that poll waits for the next event: the actor furthest
+        behind runs first, or time moves to ``what``'s end."""
+        self._sync(me)
+        done = end()
+        if done is not None and done <= me.time:
+            return True
+        here = (me.time, me.clock)
+        if me.polled is None or me.polled[:2] != here:
+            me.polled = (*here, set())
+        if id(what) not in me.polled[2]:
+            me.polled[2].add(id(what))
+            return False
+        me.polled = None
+        self._poll_wait(me, done)
+        done = end()
+        return done is not None and done <= me.time
+
+    def _poll_wait(self, me, done):
+        """A polling loop's turn: let the actor furthest behind run first (time
+        passes while one polls), or, if nothing else can happen before ``done``
+        (the polled thing's end), move to it.
 
         "Furthest behind" skips the actors that are themselves polling: two ranks
         polling would otherwise queue behind each other forever, at the same
@@ -249,6 +285,9 @@ class World:
         top = heap[0] if heap else None
         if top is not None and top[-1].poll_push == top[2]:
             top = min((e for e in heap if e[-1].poll_push != e[2]), default=top)
+        if done is not None and (top is None or done < top[0]):
+            me.time = done
+            return
         if top is not None:
             time, order = top[:2]
             me.time = max(me.time, time)
@@ -345,7 +384,7 @@ class World:
         self.current = None
 
     # -- point to point -------------------------------------------------------------
-    def _isend(self, comm, array, dst, chunk, op, tag):
+    def isend(self, comm, array, dst, chunk, op, tag):
         me = comm._me
         self._sync(me)
         payload = np.array(array, copy=True)   # buffered: later changes do not travel
@@ -374,7 +413,7 @@ class World:
             ch.messages.append((len(self.events) - 1, payload, req))
         return req
 
-    def _irecv(self, comm, src, expect, out, tag):
+    def irecv(self, comm, src, expect, out, tag):
         me = comm._me
         if self.rendezvous and self.ports is not None:
             self._sync(me)
@@ -410,6 +449,9 @@ class World:
         elif recv_req.out is not None:
             recv_req.out[...] = payload
             payload = recv_req.out
+        elif self.handed is not None:             # copy on receive (see __init__)
+            payload = payload.copy()
+            self.handed.append((ev, payload))
         recv_req.payload, recv_req.step, recv_req.event = payload, ev.step, ev
         if not send_req.done:                     # on a flow network's wire: _delivered
             send_req.partner = recv_req           # completes the receive too
@@ -484,7 +526,7 @@ class World:
             self.failure = self.failure or ("timeout", None, e)
 
     # -- receive from anyone --------------------------------------------------------------
-    def _recv_any(self, comm, tag):
+    def recv_any(self, comm, tag):
         me = comm._me
         waiter = _AnyRecv(comm, tag)
         self.any_waiters.append(waiter)
@@ -522,7 +564,7 @@ class World:
         return True
 
     # -- time -----------------------------------------------------------------------------
-    def _compute(self, comm, seconds, label, meta):
+    def compute(self, comm, seconds, label, meta):
         me = comm._me
         self.computes.append(Compute(me.rank, label, me.time, me.time + seconds, me.clock,
                                      me.stream, tuple(sorted(meta.items()))))
@@ -532,14 +574,12 @@ class World:
         # started before a buffer is written sends the buffer as it was then.
         self._sync(me)
 
-    def _memory(self, comm, label, nbytes):
+    def memory(self, comm, label, nbytes):
+        nbytes = self.ledger.change(comm, label, nbytes)
         me = comm._me       # memory takes no time: just a note at the rank's time and step
-        self.memory.append(MemoryEvent(me.rank, label, nbytes, me.time, me.clock, me.stream))
+        self.memory_events.append(MemoryEvent(me.rank, label, nbytes, me.time, me.clock, me.stream))
 
-    def _span(self, me, path, start, t_start, group):
-        return Span(me.rank, path, start, me.clock, group, me.stream, t_start, me.time)
-
-    def _start(self, comm, fn, args, kwargs):
+    def start(self, comm, fn, args, kwargs):
         me = comm._me
         actor = Actor(me.rank, 1, me.clock, me.time)
         # A work belongs to the span it was started in ("backward/ring_allreduce"),
@@ -579,7 +619,7 @@ class World:
         return work.result
 
     # -- groups ------------------------------------------------------------------------------
-    def _new_group(self, comm, ranks, name):
+    def new_group(self, comm, ranks, name):
         me = comm._me
         k = self.group_calls[(me.rank, comm.group.gid)]
         self.group_calls[(me.rank, comm.group.gid)] = k + 1
@@ -597,7 +637,7 @@ class World:
                             f"every rank must create the same groups in the same order")
         return group
 
-    def _agree(self, comm, value, what):
+    def agree(self, comm, value, what):
         me = comm._me
         k = self.agree_calls[(me.rank, comm.group.gid)]
         self.agree_calls[(me.rank, comm.group.gid)] = k + 1
@@ -656,4 +696,4 @@ class World:
         where it stopped): messages, spans, computes, unreceived messages, groups, memory."""
         groups = {g.label: g.ranks for g in self.groups.values() if g.label is not None}
         return Trace(self.events, self.world_size, [s for me in self.all_actors() for s in me.spans],
-                     self.unreceived(), self.computes, groups, self.memory)
+                     self.unreceived(), self.computes, groups, self.memory_events)

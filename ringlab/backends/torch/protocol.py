@@ -18,7 +18,7 @@ array, starts ``dist.isend`` and returns at once; the transfer completes when
 the receiver posts its ``recv``. ``finish`` waits for all of them at the end.
 (gloo tells that a send is complete only by blocking in ``wait()``, so past
 ``MAX_IN_FLIGHT`` unconfirmed sends, ``send`` waits for the oldest, like MPI's
-eager limit.) One exception, ``ProcessComm.sendrecv``: it sends the array
+eager limit.) One exception, ``ProcessWorld.sendrecv``: it sends the array
 without a copy and returns once the peer has it, as ``MPI_Sendrecv`` does.
 
 Receives are posted lazily: ``irecv`` only queues a request, and ``wait``
@@ -45,14 +45,14 @@ import time
 import traceback
 from collections import defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import numpy as np
 import torch.distributed as dist
 
 from ...errors import CommError
-from ...trace import Compute, Event, MemoryEvent, Span
-from ...comm import Comm, Group, group_label, payload_key, dtype_name as _dtype_name, mismatch as _mismatch
+from ...trace import Compute, Event, MemoryEvent
+from ...comm import ANY, Comm, Group, Ledger, group_label, payload_key, dtype_name as _dtype_name, mismatch as _mismatch
+from ...comm import World
 from ...sim.world import Actor
 from . import status as st
 from . import wire
@@ -125,9 +125,9 @@ class _Work:
         return self.future.done()
 
 
-class ProcessWorld:
+class ProcessWorld(World):
     """What ``Comm`` talks to on one real rank: the same methods as the
-    simulator's world (``_isend``, ``_irecv``, ``_wait``, ``_new_group``, ...)
+    simulator's world (``ringlab.comm.World``: ``isend``, ``irecv``, ``new_group``, ...)
     over torch.distributed.
 
     Groups: every group has two process groups, one for the program's messages
@@ -140,8 +140,8 @@ class ProcessWorld:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.me = _Actor(rank)                    # this process's program
         self.ranks = {rank: self.me}              # as the simulator's world has them, for Comm
-        self.events, self.computes, self.memory = [], [], []
-        self.held = {}                            # rank -> {label: bytes}: comm.alloc's ledger
+        self.events, self.computes, self.memory_events = [], [], []
+        self.ledger = Ledger()                    # comm.alloc/free's book
         self.payloads = {} if record_payloads else None   # payload_key -> array, for graders
         self.log = self.me.log                    # what the program did, for sim.replay
         self.world_group = Group(tuple(range(world_size)), None, 0)
@@ -159,7 +159,7 @@ class ProcessWorld:
         self.lanes = {0: _Lane(self.status), 1: _Lane(st.Status.dummy())}
         self.wire = wire.Wire(device)
 
-    def start(self):
+    def setup(self):
         """Collective, on every rank at the start: the world's stream process group."""
         self.pgs[(None, 1)] = _new_group(list(range(self.world_size)))
 
@@ -171,7 +171,7 @@ class ProcessWorld:
         return getattr(self.local, "actor", self.me)
 
     # -- sending --------------------------------------------------------------
-    def _isend(self, comm, array, dst, chunk, op, tag, buffered=True):
+    def isend(self, comm, array, dst, chunk, op, tag, buffered=True):
         dst, payload, header = self._outgoing(comm, array, dst, chunk, op, tag, buffered)
         lane = self.lanes[comm._stream]
         lane.status.count_send(dst)        # before the isend: "in flight" is never undercounted
@@ -224,7 +224,7 @@ class ProcessWorld:
         the other, an NCCL send may wait for its receive, so two ranks sending
         to each other first would wait for ever (NVIDIA/nccl#479)."""
         dst, payload, header = self._outgoing(comm, array, dst, chunk, op, tag, buffered=False)
-        req = self._irecv(comm, src, (None, None), None, tag)
+        req = self.irecv(comm, src, ANY, None, tag)
         queue = self.posted[req.key]
         while queue[0] is not req:         # messages already due on that channel come first
             self._receive_next(req.key)
@@ -252,7 +252,7 @@ class ProcessWorld:
         lane.in_flight_bytes -= transfer[3]      # (works, tensors, dst, nbytes)
 
     # -- receiving ------------------------------------------------------------
-    def _irecv(self, comm, src, expect, out, tag):
+    def irecv(self, comm, src, expect, out, tag):
         req = _Request(self, comm, "recv", src, tag)
         req.index = self.posted_count[req.key]
         self.posted_count[req.key] += 1
@@ -308,7 +308,7 @@ class ProcessWorld:
         lane.status.count_recv(req.peer)
         req.payload, req.step, req.done = array, step, True
 
-    def _recv_any(self, comm, tag):
+    def recv_any(self, comm, tag):
         """``recv_any``: the first message to arrive here from any rank of the group.
         Which one that is depends on real timing, so it may not be the one the
         simulator picks; the log records the sender, so the replayed steps are
@@ -327,7 +327,7 @@ class ProcessWorld:
         return src, self._wait(req)
 
     # -- time and labels ------------------------------------------------------------
-    def _compute(self, comm, seconds, label, meta):
+    def compute(self, comm, seconds, label, meta):
         # Real processes do not simulate time: the event says when (in real
         # seconds since this rank started) the program said it computes.
         me, now = comm._me, time.perf_counter() - self.t0
@@ -335,15 +335,34 @@ class ProcessWorld:
         self.computes.append(Compute(me.rank, label, now, now, me.clock, me.stream,
                                      tuple(sorted(meta.items()))))
 
-    def _memory(self, comm, label, nbytes):
+    def memory(self, comm, label, nbytes):
         # Recorded at time 0 with a causal step; the replay (sim.replay) gives
         # it the simulator's time and step, as it does the spans.
+        nbytes = self.ledger.change(comm, label, nbytes)
         me = comm._me
         me.log.append(("memory", label, nbytes))
-        self.memory.append(MemoryEvent(me.rank, label, nbytes, me.time, me.clock, me.stream))
+        self.memory_events.append(MemoryEvent(me.rank, label, nbytes, me.time, me.clock, me.stream))
 
-    def _span(self, me, path, start, t_start, group):
-        return Span(me.rank, path, start, me.clock, group, me.stream, t_start, me.time)
+    def span_enter(self, comm, name):
+        comm._me.log.append(("enter", name, comm.group.label))
+        return super().span_enter(comm, name)
+
+    def span_exit(self, comm, token):
+        super().span_exit(comm, token)
+        comm._me.log.append(("exit",))
+
+    def sendrecv(self, comm, array, dst, src, chunk, op, tag):
+        """Unlike the simulator's, this ``sendrecv`` sends the array without
+        copying it, so it returns once the peer has received it (as
+        ``MPI_Sendrecv`` does, and as the simulator's rendezvous mode would).
+        That saves a copy of every chunk of a ring collective. On GPUs the send
+        and the receive go to NCCL as one group (see ``_sendrecv_grouped``)."""
+        if self.device is not None:
+            return self._sendrecv_grouped(comm, array, dst, src, chunk, op, tag)
+        req = self.isend(comm, array, dst, chunk, op, tag, buffered=False)
+        got = self.recv(comm, src, ANY, None, tag)
+        req.wait()
+        return got
 
     # -- groups and agreements ------------------------------------------------------
     def _gather(self, comm, value):
@@ -359,7 +378,7 @@ class ProcessWorld:
         order = dist.get_process_group_ranks(pg) if pg is not None else list(range(self.world_size))
         return [told[order.index(g)] for g in comm.group.ranks]
 
-    def _agree(self, comm, value, what):
+    def agree(self, comm, value, what):
         me = comm._me
         told = self._gather(comm, (what, value, me.clock))
         other = next((w for w, _, _ in told if w != what), None)
@@ -370,7 +389,7 @@ class ProcessWorld:
         me.log.append(("agree", comm.group.label, what, value))
         return [v for _, v, _ in told]
 
-    def _new_group(self, comm, ranks, name):
+    def new_group(self, comm, ranks, name):
         # dist.new_group must be called by every process, for every group, in
         # the same order. A group made from the world's comm by the program
         # gives exactly that; one made from a smaller group, or from a work's
@@ -396,7 +415,7 @@ class ProcessWorld:
         return group
 
     # -- the communication stream ----------------------------------------------------
-    def _start(self, comm, fn, args, kwargs):
+    def start(self, comm, fn, args, kwargs):
         # One thread per group runs its works, one after another, as the
         # simulator runs the works of one (group, rank) in order.
         me, label = comm._me, comm.group.label
@@ -417,7 +436,7 @@ class ProcessWorld:
         self.local.actor = actor
         if prev is not None:           # done already: this thread ran it
             actor.clock = max(actor.clock, prev.actor.clock)
-        return fn(ProcessComm(self, actor, group, stream=1), *args, **kwargs)
+        return fn(Comm(self, actor, group, stream=1), *args, **kwargs)
 
     def _wait_work(self, work):
         me = self._current()
@@ -458,7 +477,7 @@ class ProcessWorld:
         spans = list(me.spans) + [s for w in list(self.works) for s in w.actor.spans]
         return Outcome(self.rank, events=list(self.events), spans=spans, log=list(self.log),
                        work_logs=[list(w.actor.log) for w in list(self.works)],
-                       computes=list(self.computes), memory=list(self.memory), received=received,
+                       computes=list(self.computes), memory=list(self.memory_events), received=received,
                        unwaited=unwaited, step=me.clock, payloads=self.payloads, **fields)
 
     def finish(self, drain=None):
@@ -481,48 +500,19 @@ def _new_group(ranks):
     return dist.new_group(ranks)
 
 
-class ProcessComm(Comm):
-    """The simulator's ``Comm``, with one difference: ``sendrecv`` sends the array
-    without copying it, so it returns once the peer has received it (as
-    ``MPI_Sendrecv`` does, and as the simulator's rendezvous mode would). That
-    saves a copy of every chunk of a ring collective. On GPUs the send and the
-    receive go to NCCL as one group (see ``ProcessWorld._sendrecv_grouped``)."""
-
-    @contextmanager
-    def span(self, name):
-        log = self._me.log
-        log.append(("enter", name, self.group.label))
-        try:
-            with super().span(name):
-                yield
-        finally:
-            log.append(("exit",))
-
-    def sendrecv(self, array, dst, src, *, chunk=None, op=None, tag=0):
-        if not isinstance(array, np.ndarray):
-            return super().sendrecv(array, dst, src, chunk=chunk, op=op, tag=tag)  # its error
-        gdst, gsrc = self._peer(dst, "send", "dst"), self._peer(src, "recv", "src")
-        if self._world.device is not None:
-            return self._world._sendrecv_grouped(self, array, gdst, gsrc, chunk, op, tag)
-        req = self._world._isend(self, array, gdst, chunk, op, tag, buffered=False)
-        got = self.recv(src, tag=tag)
-        req.wait()
-        return got
-
-
 def run_rank(program, x, args, kwargs, rank, world_size, device=None, status=None,
              record_payloads=False):
     """Run ``program(comm, x, *args, **kwargs)`` as ``rank`` of the current
     process group; returns ``(world, Outcome)``. Never raises for learner bugs."""
     global current_world
     world = current_world = ProcessWorld(rank, world_size, device, status, record_payloads)
-    comm = ProcessComm(world, world.me, world.world_group)
+    comm = Comm(world, world.me, world.world_group)
     try:
         if device is not None:
             # NCCL sets up its communicator in the first collective, and when that is
             # a batch_isend_irecv (our sendrecv) every rank must take part: make it this.
             dist.barrier()
-        world.start()
+        world.setup()
     except Exception as e:  # noqa: BLE001 - not the learner's fault: say what broke, in full
         world.status.set(st.FAILED, -1, 0, 0)
         setup = RuntimeError(f"ringlab could not set up the process of rank {rank} "
