@@ -427,6 +427,9 @@ class RunResult:
     # With record_payloads, in the simulator: (event, the array its receiver got),
     # each receiver's own copy, to tell what a receiver changed in place.
     handed: list | None = None
+    # Isolated runs (trusted grading): per rank, (resident bytes of its process
+    # before the program existed there, peak resident bytes), read from outside.
+    resident: list | None = None
 
     def payload(self, event):
         """The array message ``event`` carried (the run must have had ``record_payloads=True``)."""

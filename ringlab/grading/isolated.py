@@ -57,7 +57,7 @@ import traceback
 
 import numpy as np
 
-from ..comm import Comm, RunResult
+from ..comm import Comm, Group, RunResult, World
 from ..errors import CommError, ProgramTimeout, RankError, DeadlockError, UnreceivedMessagesError
 from ..sim.world import Request, Work, World
 from . import wire
@@ -86,12 +86,20 @@ def _rank_main(conn, program_bytes, memory_mb, banned=()):
     try:
         import cloudpickle
         _CONN[0] = conn
+        # The grader measures this process's memory from outside, first now,
+        # before anything of the program exists here (see _RankProcess.resident).
+        wire.send(conn, [0, ["ready"]])
         # The guard goes up before the bytes are unpickled: unpickling runs code.
         with _no_reference(banned):
-            program = cloudpickle.loads(program_bytes)
             _, x, args, kwargs, info = wire.recv(conn)
+            program = cloudpickle.loads(program_bytes)
             link = _LINK[0] = _Link(conn)
-            result = program(_RemoteComm(link, info), x, *args, **dict(kwargs))
+            handle, rank, ranks, label, gid = info
+            world = _RankWorld(link)
+            world.handles[(gid, 0)] = handle
+            actor = link.actors[0] = _Actor(rank, 0, 0)
+            group = Group(tuple(ranks), tuple(label) if type(label) is list else label, gid)
+            result = program(Comm(world, actor, group), x, *args, **dict(kwargs))
         bad = _bad_result(result)
         if bad:
             raise TypeError(f"wrong result type: the program returned {bad}; a result must be a "
@@ -102,7 +110,7 @@ def _rank_main(conn, program_bytes, memory_mb, banned=()):
         link.receive(None)
     except BaseException as e:  # noqa: BLE001 - everything is reported to the grader
         with contextlib.suppress(BaseException):
-            wire.send(conn, [0, ["error", type(e).__name__, str(e)[:2000], _rank_traceback(e)]])
+            wire.send(conn, [0, ["error", _names(e), str(e)[:2000], _rank_traceback(e)]])
     finally:
         os._exit(0)                  # no atexit handlers, no flushing of inherited state
 
@@ -293,12 +301,26 @@ def _bad_result(value, depth=0):
     return f"a {type(value).__name__}"
 
 
+# Files whose frames a learner's traceback leaves out: this module and Comm's.
+_OURS = {__file__, sys.modules[Comm.__module__].__file__}
+
+
 def _rank_traceback(exc):
     """The program's traceback, without this module's frames."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not f.filename.replace("\\", "/").endswith("/ringlab/grading/isolated.py")]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename not in _OURS]
     text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
     return (text + "".join(traceback.format_exception_only(type(exc), exc)))[-8000:]
+
+
+class _Actor:
+    """What ``Comm`` reads of the calling actor, in the rank's process: the
+    grader's answer to every call brings its clock and time (they change only
+    inside calls), so ``comm.step`` and ``comm.time`` need no round trip."""
+
+    __slots__ = ("rank", "stream", "sid", "clock", "time")
+
+    def __init__(self, rank, stream, sid):
+        self.rank, self.stream, self.sid, self.clock, self.time = rank, stream, sid, 0, 0.0
 
 
 class _Link:
@@ -318,6 +340,7 @@ class _Link:
         self.lock = threading.Lock()            # one message at a time on the pipe
         self.cond = threading.Condition()
         self.inbox, self.reading, self.pending = {}, False, {}
+        self.actors = {}                        # stream id -> its _Actor
         self.local = threading.local()          # .sid: the stream id of this thread
         self.local.sid = 0
 
@@ -349,171 +372,204 @@ class _Link:
             return self.inbox.pop(sid)
 
     def _spawn(self, sid, go):
-        work, fn, args, kwargs = self.pending.pop(sid)
-        threading.Thread(target=_work_thread, args=(self, work, go, fn, args, kwargs),
+        work, comm, fn, args, kwargs = self.pending.pop(sid)
+        threading.Thread(target=_work_thread, args=(self, work, comm, go, fn, args, kwargs),
                          name=f"ringlab-work-{sid}", daemon=True).start()
 
-    def call(self, handle, method, *args, **kwargs):
-        sid = getattr(self.local, "sid", None)
-        if sid is None:
+    def call(self, sid, handle, method, args=(), kwargs=None):
+        if getattr(self.local, "sid", None) != sid:
             raise CommError("communication calls must come from the program or from a work "
-                            "(comm.start), not from a thread it started")
+                            "(comm.start), each with its own comm, not from a thread it started")
+        kwargs = kwargs or {}
         self.send(sid, ["call", handle, method, list(args), [[k, v] for k, v in kwargs.items()]])
         answer = self.receive(sid)
         if answer[0] == "raise":
             raise rebuild_exception(answer[1], answer[2])
-        return self.wrap(answer[1])
-
-    def wrap(self, value):
-        kind = value.info[0] if isinstance(value, wire.Handle) and value.info else None
-        if kind == "comm":
-            return _RemoteComm(self, value.info)
-        if kind == "request":
-            return _RemoteRequest(self, value.id)
-        if kind == "work":
-            return _RemoteWork(self, value.id, value.info[1] if len(value.info) > 1 else "work")
-        return value                    # None, arrays, numbers, a span's handle
+        actor = self.actors[sid]
+        actor.clock, actor.time = answer[2], answer[3]
+        return answer[1]
 
 
-def _work_thread(link, work, go, fn, args, kwargs):
+def _work_thread(link, work, comm, go, fn, args, kwargs):
     """A work's thread: runs ``fn(stream_comm, ...)`` once the simulator starts the
     work (``go``). Its result stays here; the grading process hears only "done"."""
     sid = link.local.sid = work._id
     try:
-        if not (type(go) is list and len(go) == 2 and go[0] == "go"):
+        if not (type(go) is list and len(go) == 3 and go[0] == "go"):
             raise CommError("the grader did not start this work")
-        result = fn(link.wrap(wire.Handle(0, go[1])), *args, **kwargs)
+        actor = link.actors[sid] = _Actor(comm._me.rank, 1, sid)
+        actor.clock, actor.time = go[2]
+        stream_comm = Comm(comm._world, actor, comm.group, stream=1)
+        comm._world.handles[(comm.group.gid, sid)] = go[1]
+        result = fn(stream_comm, *args, **kwargs)
         work._result, work._done = result, True
         link.send(sid, ["done"])
     except BaseException as e:  # noqa: BLE001 - reported to the grader, as the program's errors
         with contextlib.suppress(BaseException):
-            link.send(sid, ["error", type(e).__name__, str(e)[:2000], _rank_traceback(e)])
+            link.send(sid, ["error", _names(e), str(e)[:2000], _rank_traceback(e)])
 
 
-class _RemoteRequest:
+class _Request:
     """What ``isend``/``irecv`` return in a rank's process."""
 
-    def __init__(self, link, handle, out=None):
-        self._link, self._id, self._out = link, handle, out
+    def __init__(self, world, sid, handle, out=None):
+        self._world, self._sid, self._id, self._out = world, sid, handle, out
 
     def wait(self):
-        got = self._link.call(self._id, "wait")
-        if self._out is not None and got is not None:
-            self._out[...] = got        # recv(out=...) fills the rank's own array
-            return self._out
-        return got
+        got = self._world.link.call(self._sid, self._id, "wait")
+        return self._world.filled(got, self._out)
 
     def is_completed(self):
-        return self._link.call(self._id, "is_completed")
+        return bool(self._world.link.call(self._sid, self._id, "is_completed"))
 
 
-class _RemoteWork:
+class _Work:
     """What ``comm.start`` returns in a rank's process: ``wait()`` gives the
     function's result (which never left this process)."""
 
-    def __init__(self, link, handle, name="work"):
-        self._link, self._id, self.name = link, handle, name
+    def __init__(self, world, sid, handle, name="work"):
+        self._world, self._sid, self._id, self.name = world, sid, handle, name
         self._result, self._done = None, False
 
     def wait(self):
-        self._link.call(self._id, "wait")
+        self._world.link.call(self._sid, self._id, "wait")
         return self._result
 
     def is_completed(self):
-        return bool(self._link.call(self._id, "is_completed"))
+        return bool(self._world.link.call(self._sid, self._id, "is_completed"))
 
     def __repr__(self):
         return f"<Work {self.name}>"
 
 
-class _RemoteComm:
-    """``Comm`` as a rank's process sees it: every call goes to the grading process."""
+class _RankWorld(World):
+    """``ringlab.comm.World`` in a rank's process: the learner's program gets a
+    real ``Comm`` (the same class as in ``ringlab.run``), which checks its
+    arguments here and hands every call to the grading process, where the
+    simulator runs it on a ``Comm`` of its own (and checks it again: nothing
+    from this process is believed). Group ranks travel, not global ones, as
+    in the program's own calls."""
 
-    def __init__(self, link, info):
-        from ..comm import Group
-        _, self._id, self.rank, self.world_size, self.global_rank, ranks, label, gid = info
-        # A label is a name or a tuple of ranks (hashable, as in ringlab.run): keep it a tuple.
-        self.group = Group(tuple(ranks), tuple(label) if type(label) is list else label, gid)
-        self._link = link
+    isolated = True
 
-    def _call(self, method, *args, **kwargs):
-        return self._link.call(self._id, method, *args, **kwargs)
+    def __init__(self, link):
+        self.link = link
+        self.handles = {}            # (group id, stream id) -> the grader's Comm
 
-    step = property(lambda self: self._call("step"))
-    time = property(lambda self: self._call("time"))
+    def _call(self, comm, method, *args, **kwargs):
+        sid = comm._me.sid
+        return self.link.call(sid, self.handles[(comm.group.gid, sid)], method, args, kwargs)
 
-    def send(self, array, dst, **kw):
-        self._call("send", array, dst, **kw)
+    def _request(self, comm, handle, out=None):
+        if not isinstance(handle, wire.Handle):
+            raise CommError("the grader did not make a request")
+        return _Request(self, comm._me.sid, handle.id, out)
 
-    def isend(self, array, dst, **kw):
-        return self._call("isend", array, dst, **kw)
+    @staticmethod
+    def _expect(expect):
+        shape, dtype = expect
+        return dict(shape=None if shape is None else list(shape),
+                    dtype=None if dtype is None else dtype.str)
 
-    def recv(self, src, *, out=None, shape=None, dtype=None, tag=0):
-        return self.irecv(src, out=out, shape=shape, dtype=dtype, tag=tag).wait()
+    @staticmethod
+    def filled(got, out):
+        if out is not None and got is not None:
+            out[...] = got            # recv(out=...) fills the rank's own array
+            return out
+        return got
 
-    def irecv(self, src, *, out=None, shape=None, dtype=None, tag=0):
-        if dtype is not None:
-            with contextlib.suppress(TypeError):
-                dtype = np.dtype(dtype).str          # a dtype travels by its name
-        req = self._call("irecv", src, out=out, shape=shape, dtype=dtype, tag=tag)
-        req._out = out if isinstance(out, np.ndarray) else None
-        return req
+    def send(self, comm, array, dst, chunk, op, tag):
+        self._call(comm, "send", array, comm._index[dst], chunk=chunk, op=op, tag=tag)
 
-    def recv_any(self, *, tag=0):
-        return self._call("recv_any", tag=tag)
+    def isend(self, comm, array, dst, chunk, op, tag):
+        return self._request(comm, self._call(comm, "isend", array, comm._index[dst], chunk=chunk,
+                                              op=op, tag=tag))
 
-    def sendrecv(self, array, dst, src, **kw):
-        return self._call("sendrecv", array, dst, src, **kw)
+    def recv(self, comm, src, expect, out, tag):
+        got = self._call(comm, "recv", comm._index[src], tag=tag, **self._expect(expect))
+        return self.filled(got, out)
 
-    def compute(self, seconds, label="compute", **meta):
-        self._call("compute", seconds, label, **meta)
+    def irecv(self, comm, src, expect, out, tag):
+        handle = self._call(comm, "irecv", comm._index[src], tag=tag, **self._expect(expect))
+        return self._request(comm, handle, out)
 
-    def start(self, fn, *args, **kwargs):
+    def sendrecv(self, comm, array, dst, src, chunk, op, tag):
+        return self._call(comm, "sendrecv", array, comm._index[dst], comm._index[src], chunk=chunk,
+                          op=op, tag=tag)
+
+    def recv_any(self, comm, tag):
+        src, array = self._call(comm, "recv_any", tag=tag)
+        return comm._to_global[src], array
+
+    def compute(self, comm, seconds, label, meta):
+        self._call(comm, "compute", seconds, label, **meta)
+
+    def memory(self, comm, label, nbytes):
+        if nbytes is None:
+            self._call(comm, "free", label)
+        elif nbytes < 0:
+            self._call(comm, "free", label, -nbytes)
+        else:
+            self._call(comm, "alloc", label, nbytes)
+
+    def span_enter(self, comm, name):
+        return self._call(comm, "span_enter", name)
+
+    def span_exit(self, comm, token):
+        self._call(comm, "span_exit", token)
+
+    def start(self, comm, fn, args, kwargs):
         """A work (see ``Comm.start``). ``fn`` and its arguments stay in this process:
         the grader gets only the name, and starts the work's thread when the
         simulator runs it."""
         name = getattr(fn, "__name__", "work")
-        work = self._call("start", name if type(name) is str else "work")
-        if not isinstance(work, _RemoteWork):
+        handle = self._call(comm, "start", name if type(name) is str else "work")
+        if not isinstance(handle, wire.Handle):
             raise CommError("comm.start: the grader did not create a work")
-        with self._link.cond:
-            self._link.pending[work._id] = (work, fn, args, kwargs)
+        work = _Work(self, comm._me.sid, handle.id, name)
+        with self.link.cond:
+            self.link.pending[handle.id] = (work, comm, fn, args, kwargs)
         return work
 
-    def new_group(self, ranks, name=None):
-        return self._call("new_group", ranks if type(ranks) in (list, tuple) else list(ranks), name)
+    def new_group(self, comm, ranks, name):
+        label, gid, handle = self._call(comm, "new_group", [comm._index[r] for r in ranks], name)
+        # A label is a name or a tuple of ranks (hashable, as in ringlab.run): keep it a tuple.
+        group = Group(tuple(ranks), tuple(label) if type(label) is list else label, gid)
+        if handle is not None:
+            self.handles[(gid, comm._me.sid)] = handle
+        return group
 
-    def split(self, color, key=0, name=None):
-        return self._call("split", color, key, name)
-
-    def barrier(self):
-        self._call("barrier")
-
-    @contextlib.contextmanager
-    def span(self, name):
-        token = self._call("span_enter", name)
-        try:
-            yield
-        finally:
-            self._call("span_exit", token)
-
-    def __repr__(self):
-        g = "" if self.group.label is None else f" group={self.group.label!r}"
-        return f"<Comm rank={self.rank} world_size={self.world_size}{g} step={self.step}>"
+    def agree(self, comm, value, what):
+        return self._call(comm, "agree", value, what)
 
 
-def rebuild_exception(name, message):
-    """An exception named ``name`` saying ``message``: the real class for
-    ringlab's CommError and Python's built-in exceptions (so that, e.g., a
-    grader still recognises NotImplementedError), else a new class of that name."""
-    name = str(name) if str(name).isidentifier() else "Exception"
-    cls = CommError if name == "CommError" else getattr(builtins, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Exception) and cls.__str__ is BaseException.__str__):
-        cls = type(name, (Exception,), {})
+def _names(exc):
+    """The names of an exception's classes, its own first (its MRO without object)."""
+    return [c.__name__ for c in type(exc).__mro__ if c is not object][:20]
+
+
+def rebuild_exception(names, message):
+    """An exception of class ``names[0]`` saying ``message``, for the names of a
+    class and its bases (``_names``): ringlab's CommError and Python's built-in
+    exceptions are themselves; another class is rebuilt as a class of that name
+    derived from the first of its bases that is one of those, so that a
+    grader's ``isinstance(e, ValueError)`` holds for a learner's subclass of it."""
+    names = [n for n in (names if type(names) is list else [names])
+             if type(n) is str and n.isidentifier()][:20] or ["Exception"]
+    known = [_known(n) for n in names]
+    base = next((k for k in known if k is not None), Exception)
+    cls = base if known[0] is base else type(names[0], (base,), {"__str__": BaseException.__str__})
     try:
         return cls(str(message))
     except Exception:  # noqa: BLE001 - a built-in that wants other arguments
-        return type(name, (Exception,), {})(str(message))
+        return type(names[0], (Exception,), {})(str(message))
+
+
+def _known(name):
+    if name == "CommError":
+        return CommError
+    cls = getattr(builtins, name, None)
+    return cls if isinstance(cls, type) and issubclass(cls, Exception) else None
 
 
 # =====================================================================================
@@ -539,12 +595,17 @@ class _RemoteError(_Stop):
         self.exc, self.text = exc, text
 
 
-COMM_CALLS = {"send", "isend", "recv", "irecv", "recv_any", "sendrecv", "compute",
-              "new_group", "split", "barrier"}
+# The Comm methods a rank's process may call by name, with its own arguments:
+# the grader's Comm checks them again, as it would in ringlab.run.
+COMM_CALLS = {"send", "isend", "recv", "irecv", "sendrecv", "recv_any", "compute", "alloc", "free",
+              "barrier"}
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 class _RankProcess:
-    """One rank's process, and the objects (comms, requests, spans) it may name."""
+    """One rank's process, and the objects (comms, requests, works, spans) it may
+    name by handle. Each object belongs to the stream (the program, or a work)
+    that was given it: only that stream's actor may use it."""
 
     def __init__(self, ctx, rank, program_bytes, memory_mb, deadline, banned=()):
         self.rank, self.deadline = rank, deadline
@@ -554,85 +615,112 @@ class _RankProcess:
         with _without_main():
             self.process.start()
         child.close()
-        self.objects = {}
+        self.objects, self.actors = {}, {}     # handle -> (stream id, object); stream id -> actor
+        self.resident = None                   # (bytes before the program, peak bytes)
 
     # -- the actors: the "program" the simulator runs for this rank, and its works ------
     def serve(self, comm, x, args, kwargs):
-        try:
-            wire.send(self.conn, ["start", x, list(args), [[k, v] for k, v in kwargs.items()],
-                                  self._info(comm)])
-        except OSError:
-            raise self._died() from None
+        if self._receive(0) != ["ready"]:
+            raise RankProcessDied(f"rank {self.rank}'s process did not start as the grader's")
+        self.resident = (self._rss(), None)
+        self.actors[0] = comm._me
+        group = comm.group
+        info = [self._register(0, comm), comm.global_rank, list(group.ranks), group.label, group.gid]
+        self._send(["start", x, list(args), [[k, v] for k, v in kwargs.items()], info])
         return self._serve(0)
 
     def _serve(self, sid):
         """Answer stream ``sid``'s calls until it is done; its result (the program's)."""
+        actor = self.actors[sid]
         while True:
             message = self._receive(sid)
             kind = message[0] if isinstance(message, list) and message else None
             if kind == "done" and len(message) == (2 if sid == 0 else 1):
                 return message[1] if sid == 0 else None
             if kind == "error" and len(message) == 4:
-                exc = rebuild_exception(message[1], message[2])
-                raise _RemoteError(exc, str(message[3]))
+                raise _RemoteError(rebuild_exception(message[1], message[2]), str(message[3]))
             if kind != "call" or len(message) != 5:
                 raise RankProcessDied(f"rank {self.rank}'s process sent something that is not a call")
             try:
-                answer = ["ok", self._dispatch(*message[1:])]
+                answer = ["ok", self._dispatch(sid, *message[1:])]
             except Exception as e:  # noqa: BLE001 - the rank's mistake: raised in its own code
-                answer = ["raise", type(e).__name__, str(e)]
-            self._send([sid, answer])
+                answer = ["raise", _names(e), str(e)]
+            self._send([sid, answer + [actor.clock, actor.time]])
 
-    def _start(self, comm, name):
-        """``comm.start``: a simulator work whose actor serves the rank's work
-        thread. Only the name comes from the rank; ``fn`` stays there."""
-        name = name if type(name) is str and name else "work"
-        server = _WorkServer(self, name[:200])
-        handle = self._wrap(comm.start(server))
-        server.sid = handle.id
-        return handle
-
-    def _dispatch(self, handle, method, args, kwargs):
-        obj = self.objects.get(handle) if type(handle) is int else None
-        kwargs = {str(k): v for k, v in kwargs}
-        if method == "span_exit" and args and isinstance(args[0], wire.Handle):
-            span = self.objects.pop(args[0].id, None)
-            if isinstance(span, contextlib.AbstractContextManager):
-                span.__exit__(None, None, None)
-                return None
+    def _dispatch(self, sid, handle, method, args, kwargs):
+        owner, obj = self.objects.get(handle, (None, None)) if type(handle) is int else (None, None)
+        kwargs = {str(k): v for k, v in kwargs} if type(kwargs) is list else {}
+        args = args if type(args) is list else []
+        if owner != sid:
+            pass                                    # not this stream's: refused below
         elif isinstance(obj, Comm):
             if method in COMM_CALLS:
-                return self._wrap(getattr(obj, method)(*args, **kwargs))
-            if method in ("step", "time"):
-                return getattr(obj, method)
-            if method == "span_enter":
-                span = obj.span(*args)
+                return self._handle(sid, getattr(obj, method)(*args, **kwargs))
+            if kwargs:
+                pass
+            elif method == "new_group" and len(args) == 2:
+                group = obj._world.new_group(obj, obj._group_ranks(args[0]), args[1])
+                member = obj._me.rank in group.ranks
+                return [group.label, group.gid, self._register(sid, obj._sub(group)) if member else None]
+            elif method == "agree" and len(args) == 2 and args[1] in ("split", "barrier"):
+                return obj._world.agree(obj, args[0], args[1])
+            elif method == "span_enter" and len(args) == 1:
+                span = obj.span(args[0])
                 span.__enter__()
-                return self._wrap(span)
-            if method == "start" and len(args) == 1 and not kwargs:
-                return self._start(obj, args[0])
-        elif isinstance(obj, (Request, Work)) and method in ("wait", "is_completed"):
+                return wire.Handle(self._register(sid, span), ["span"])
+            elif method == "span_exit" and len(args) == 1 and isinstance(args[0], wire.Handle):
+                _, span = self.objects.pop(args[0].id, (None, None))
+                if isinstance(span, contextlib.AbstractContextManager):
+                    span.__exit__(None, None, None)
+                    return None
+            elif method == "start" and len(args) == 1:
+                return self._start(sid, obj, args[0])
+        elif isinstance(obj, (Request, Work)) and method in ("wait", "is_completed") and not args:
             got = getattr(obj, method)()
             return None if isinstance(obj, Work) and method == "wait" else got
         raise CommError(f"rank {self.rank}: {method}() is not a communication call")
 
-    def _wrap(self, value):
-        """Comms, requests and works stay here; the rank gets a handle (a number).
-        A work's handle is also its stream id: never reused, as works stay here."""
-        if isinstance(value, (Comm, Request, Work, contextlib.AbstractContextManager)):
-            handle = len(self.objects) + 1
-            while handle in self.objects:
-                handle += 1
-            self.objects[handle] = value
-            kind = (["request"] if isinstance(value, Request) else
-                    ["work", value.name] if isinstance(value, Work) else ["span"])
-            return wire.Handle(handle, self._info(value, handle) if isinstance(value, Comm) else kind)
+    def _start(self, sid, comm, name):
+        """``comm.start``: a simulator work whose actor serves the rank's work
+        thread. Only the name comes from the rank; ``fn`` stays there. A work's
+        handle is also its stream id: never reused, as works stay here."""
+        name = name[:200] if type(name) is str and name else "work"
+        server = _WorkServer(self, name)
+        server.sid = self._register(sid, comm.start(server))
+        return wire.Handle(server.sid, ["work", name])
+
+    def _register(self, sid, value):
+        handle = len(self.objects) + 1
+        while handle in self.objects:
+            handle += 1
+        self.objects[handle] = (sid, value)
+        return handle
+
+    def _handle(self, sid, value):
+        """What a call returns: requests and works stay here; the rank gets a handle."""
+        if isinstance(value, (Request, Work)):
+            return wire.Handle(self._register(sid, value), ["request"])
         return value
 
-    def _info(self, comm, handle=0):
-        self.objects[handle] = comm
-        g = comm.group
-        return ["comm", handle, comm.rank, comm.world_size, comm.global_rank, list(g.ranks), g.label, g.gid]
+    # -- memory, read from outside -------------------------------------------------------
+    def _rss(self):
+        """The process's resident bytes now, or None."""
+        try:
+            with open(f"/proc/{self.process.pid}/statm") as f:
+                return int(f.read().split()[1]) * _PAGE
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def measure(self):
+        """Read the process's peak resident memory (VmHWM) before it is killed:
+        ``resident`` becomes (bytes before the program, peak bytes)."""
+        if self.resident is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            with open(f"/proc/{self.process.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        self.resident = (self.resident[0], int(line.split()[1]) * 1024)
 
     # -- the pipe ----------------------------------------------------------------------
     def _send(self, value):
@@ -688,8 +776,10 @@ class _WorkServer:
         self.rank, self.__name__, self.sid = rank, name, None
 
     def __call__(self, comm):
-        self.rank._send([self.sid, ["go", self.rank._wrap(comm).info]])
-        return self.rank._serve(self.sid)
+        rank, sid = self.rank, self.sid
+        rank.actors[sid] = comm._me
+        rank._send([sid, ["go", rank._register(sid, comm), [comm._me.clock, comm._me.time]]])
+        return rank._serve(sid)
 
 
 @contextlib.contextmanager
@@ -749,8 +839,11 @@ def run_isolated(program, inputs, *, args=(), kwargs=None, mode="buffered", time
     finally:
         world.kill_unfinished()
         for rank in ranks:
+            rank.measure()
             rank.kill()
-    return _result(world, timeout, check_unreceived)
+    result = _result(world, timeout, check_unreceived)
+    result.resident = [rank.resident for rank in ranks]    # see RunResult
+    return result
 
 
 def _result(world, timeout, check_unreceived):

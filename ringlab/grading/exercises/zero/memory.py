@@ -157,7 +157,7 @@ class _Waitable:
     def __getattr__(self, name):
         attr = getattr(self._inner, name)
         if name == "wait":
-            return functools.partial(_call, self._ledger, attr, out=self._out, _raw=True)
+            return functools.partial(_call, self._ledger, attr, _out=self._out, _raw=True)
         return attr
 
 
@@ -171,12 +171,13 @@ class _Work(_Waitable):
         return self._value
 
 
-def _call(ledger, fn, *args, out=None, _raw=False, _adopt=True, **kwargs):
+def _call(ledger, fn, *args, _out=None, _raw=False, _adopt=True, **kwargs):
+    # ``out=`` (recv into a buffer) is the call's own argument: passed on, never taken here.
     ledger.pause()
     try:
         got = fn(*args, **kwargs) if not _raw else fn()
         if _adopt:
-            got = adopt(ledger, got, kwargs.get("out", out))
+            got = adopt(ledger, got, kwargs.get("out", _out))
     finally:
         ledger.resume()
     return got
@@ -194,7 +195,7 @@ def adopt(ledger, got, out):
         return got[0], adopt(ledger, got[1], None)     # recv_any: (src, array)
     if got is None or isinstance(got, (int, float, str, bool)):
         return got
-    if isinstance(got, Comm) or type(got).__name__ in ("_RemoteComm", "Guard"):
+    if isinstance(got, Comm):
         return MemoryProbe(got, ledger)
     if hasattr(got, "wait"):
         return _Waitable(got, ledger, out)
@@ -209,7 +210,7 @@ def ledger_for(comm, spec, model_bytes):
     objects during this rank's code, so there is no floor."""
     if not spec["measure"]:
         return None
-    isolated = type(comm).__name__ == "_RemoteComm"
+    isolated = getattr(comm._world, "isolated", False)
     return Ledger(floor=-(model_bytes + 64 * 1024) if isolated else None)
 
 
