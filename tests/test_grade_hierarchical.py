@@ -13,7 +13,7 @@ from ringlab import collectives as C
 from ringlab.cost import AlphaBeta, TwoLevel, two_level_time
 from ringlab.grading.exercises.collectives import hierarchical_allreduce as HA
 from ringlab.grading.report import grade_cases
-from ringlab.grading.trusted import banned_modules, reference_in
+from ringlab.grading.trusted import banned_answers, reference_in
 
 import hierarchical_programs as H
 
@@ -132,7 +132,7 @@ def test_the_stated_network_is_what_the_notebook_says():
 
 
 def test_trusted_grading_allows_part1_collectives_but_not_the_reference():
-    allowed = HA.ALLOWED_REFERENCES
+    allowed = banned_answers(ID)
     assert reference_in(cloudpickle.dumps(C.hierarchical_allreduce), allowed)
     assert reference_in(cloudpickle.dumps(C.ring_allreduce), allowed) is None
     # Functions as a notebook defines them (in __main__: pickled by value).
@@ -144,23 +144,25 @@ def test_trusted_grading_allows_part1_collectives_but_not_the_reference():
          "    part = ring_reduce_scatter(mesh.group('gpu'), x)\n"
          "    return ring_allgather(mesh.group('gpu'), ring_allreduce(mesh.group('node'), part))\n",
          notebook)
-    assert "ringlab.collectives.hierarchical" in reference_in(
+    assert "answer to hierarchical_allreduce (ringlab.collectives.hierarchical" in reference_in(
         cloudpickle.dumps(notebook["cheat"]), allowed)
     assert reference_in(cloudpickle.dumps(notebook["mine"]), allowed) is None
-    banned = banned_modules(ID)
-    assert "ringlab.collectives.hierarchical" in banned and "ringlab.collectives" not in banned
+    banned = banned_answers(ID)
+    assert "ringlab.collectives.hierarchical:hierarchical_allreduce" in banned
+    assert "ringlab.collectives.allreduce:ring_allreduce" not in banned
     # ring_allreduce's learners may still use nothing of ringlab.collectives
-    assert "ringlab.collectives" in banned_modules("ring_allreduce")
+    assert {"ringlab.collectives.allreduce:ring_allreduce",
+            "ringlab.collectives.allgather:ring_allgather"} <= set(banned_answers("ring_allreduce"))
 
 
 def test_isolated_runs_pass_part1_and_stop_the_reference():
     from ringlab.grading.isolated import runner
     first = next(HA.cases(np.random.default_rng(0)))
     module = types.SimpleNamespace(cases=lambda rng: [first], check=HA.check)
-    run = runner(banned=banned_modules(ID))
+    run = runner(banned=banned_answers(ID))
     assert grade_cases(ID, module, H.part1_collectives, seed=0, runner=run).passed
     report = grade_cases(ID, module, H.reference, seed=0, runner=run)
-    assert not report.passed and "own reference solution" in str(report)
+    assert not report.passed and "own answer to hierarchical_allreduce" in str(report)
 
 
 def test_cases_cover_the_promised_meshes_and_lengths():
@@ -193,7 +195,7 @@ def test_isolated_ranks_cannot_share_data_through_files(tmp_path):
     from ringlab.grading.isolated import runner
     first = next(HA.cases(np.random.default_rng(0)))
     module = types.SimpleNamespace(cases=lambda rng: [first], check=HA.check)
-    run = runner(banned=banned_modules(ID))
+    run = runner(banned=banned_answers(ID))
     report = grade_cases(ID, module, H.shared_through_files(str(tmp_path)), seed=0, runner=run)
     text = str(report)
     assert not report.passed and "NotAllowed" in text and "opened a file for writing" in text

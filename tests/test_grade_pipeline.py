@@ -6,7 +6,7 @@ import functools
 import pytest
 
 import ringlab
-from ringlab.grading.trusted import banned_modules, reference_in
+from ringlab.grading.trusted import banned_answers, reference_in
 from ringlab.pipeline.schedules import one_f_one_b_stage
 from ringlab.pipeline.stages import pipeline_stage
 
@@ -127,16 +127,17 @@ def test_pipeline_stage_cases_cover_the_schedules_modes_and_a_network():
 
 
 def test_ringlab_grade_bans_each_exercise_s_reference_module():
-    assert banned_modules("one_f_one_b")[-3:] == (
-        "ringlab.pipeline.schedules", "ringlab.pipeline.stages",
-        "ringlab.grading.exercises.pipeline.one_f_one_b:_with_warmup,mistakes,diagnose")
-    assert "ringlab.pipeline.schedules" not in banned_modules("pipeline_stage")
-    assert "ringlab.pipeline.stages" in banned_modules("pipeline_stage")
+    grader = "ringlab.grading.exercises.pipeline.one_f_one_b"
+    assert {"ringlab.pipeline.schedules:one_f_one_b_stage", "ringlab.pipeline.stages:pipeline_stage",
+            f"{grader}:_with_warmup", f"{grader}:mistakes", f"{grader}:diagnose"} <= set(
+        banned_answers("one_f_one_b"))
+    assert "ringlab.pipeline.schedules:one_f_one_b_stage" not in banned_answers("pipeline_stage")
+    assert "ringlab.pipeline.stages:pipeline_stage" in banned_answers("pipeline_stage")
     import cloudpickle
     assert reference_in(cloudpickle.dumps(one_f_one_b_stage))
-    assert reference_in(cloudpickle.dumps(pipeline_stage), ("pipeline/schedules",))
+    assert reference_in(cloudpickle.dumps(pipeline_stage), banned_answers("pipeline_stage"))
     from ringlab.pipeline import schedules
-    assert not reference_in(cloudpickle.dumps(schedules.gpipe), ("pipeline/schedules",))
+    assert not reference_in(cloudpickle.dumps(schedules.gpipe), banned_answers("pipeline_stage"))
     assert not reference_in(cloudpickle.dumps(P.ofob_loop))
 
 
@@ -188,10 +189,10 @@ def ofob_grader_answer(r, p, m):
 
 @pytest.mark.parametrize("program, phrase", [
     (ofob_profiler_off, "called sys.setprofile"),
-    (ofob_thread_without_hook, "ringlab's own reference solution (pipeline/schedules.py)"),
-    (ofob_caught, "ringlab's own reference solution (pipeline/schedules.py)"),
-    (ofob_exec_source, "read the source of ringlab's reference solution (schedules.py)"),
-    (ofob_grader_answer, "reference solution (grading/exercises/pipeline/one_f_one_b.py)"),
+    (ofob_thread_without_hook, "ringlab's own answer to one_f_one_b (ringlab.pipeline.schedules."),
+    (ofob_caught, "ringlab's own answer to one_f_one_b (ringlab.pipeline.schedules."),
+    (ofob_exec_source, "read the source of ringlab's answers (schedules.py)"),
+    (ofob_grader_answer, "answer to one_f_one_b (ringlab.grading.exercises.pipeline.one_f_one_b."),
 ], ids=lambda x: getattr(x, "__name__", ""))
 def test_isolated_grading_catches_the_reference_however_it_is_reached(program, phrase):
     """In `ringlab grade`'s rank processes the reference functions are replaced by a
@@ -206,6 +207,6 @@ def test_isolated_grading_catches_the_reference_however_it_is_reached(program, p
     module = importlib.import_module(f"ringlab.grading.{GRADERS['one_f_one_b']}")
     report = grade_cases("one_f_one_b", module,
                          Submission(cloudpickle.dumps(program), "one_f_one_b"), seed=1,
-                         runner=runner(banned=banned_modules("one_f_one_b")))
+                         runner=runner(banned=banned_answers("one_f_one_b")))
     assert not report.passed and "ReferenceCalled" in str(report), report
     assert phrase in str(report), report

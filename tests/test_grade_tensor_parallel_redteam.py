@@ -759,7 +759,7 @@ def test_isolated_cheats_fail(program):
 
 
 def test_isolated_dynamic_import_of_the_reference_is_refused():
-    from ringlab.grading.trusted import banned_modules
+    from ringlab.grading.trusted import banned_answers
     module = importlib.import_module(f"ringlab.grading.{GRADERS['megatron_mlp']}")
 
     def cheat(comm, x, fc_weight, fc_bias, proj_weight, proj_bias):
@@ -777,7 +777,7 @@ def test_isolated_dynamic_import_of_the_reference_is_refused():
             return dx, dict(layer.named_grads())
         return y, backward
     report = grade_cases("megatron_mlp", module, cheat, seed=0,
-                         runner=runner(banned=banned_modules("megatron_mlp")))
+                         runner=runner(banned=banned_answers("megatron_mlp")))
     assert not report.passed, str(report)
 
 
@@ -827,4 +827,4 @@ def test_notebooks_graded_in_isolation(tmp_path):
     rows = {Path(r["notebook"]).stem: r for r in csv.DictReader(table.open())}
     assert rows["right"]["result"] == "passed", (rows, proc.stderr)
     assert rows["getattr_reference"]["result"] == "failed", rows
-    assert "reference" in rows["getattr_reference"]["reason"], rows
+    assert "own answer to column_parallel_linear" in rows["getattr_reference"]["reason"], rows

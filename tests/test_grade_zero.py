@@ -9,7 +9,7 @@ import ringlab
 from ringlab import zero
 from ringlab.grading.exercises.zero import common, memory
 from ringlab.grading.report import grade_cases
-from ringlab.grading.trusted import banned_modules, reference_in
+from ringlab.grading.trusted import banned_answers, reference_in
 
 import zero_programs as Z
 
@@ -160,12 +160,18 @@ def test_memory_probe_charges_each_rank_its_own_bytes():
     assert abs(k0) < 2_000 and 40_000 <= k1 < 42_000
 
 
-def test_ringlab_grade_bans_ringlab_zero():
+def test_ringlab_grade_bans_ringlab_zero_s_answers_not_its_helpers():
+    from ringlab.zero.sharding import padded_size
+    from ringlab.data_parallel.sync_sgd import local_gradient
     for exercise in RIGHT:
-        assert "ringlab.zero" in banned_modules(exercise)
-        assert reference_in(cloudpickle.dumps(zero.zero1_step), ("collectives",))
-    assert "ringlab.data_parallel.buckets" not in banned_modules("zero2_step")
-    assert "ringlab.data_parallel.buckets" in banned_modules("zero1_step")
+        banned = banned_answers(exercise)
+        assert {"ringlab.zero.zero1:zero1_step", "ringlab.zero.zero3:zero3_step"} <= set(banned)
+        assert "answer to zero1_step" in reference_in(cloudpickle.dumps(zero.zero1_step), banned)
+        # helpers the chapters use are allowed (the two examples)
+        assert reference_in(cloudpickle.dumps(padded_size), banned) is None
+        assert reference_in(cloudpickle.dumps(local_gradient), banned) is None
+    assert "ringlab.data_parallel.buckets:ddp_sync" not in banned_answers("zero2_step")
+    assert "ringlab.data_parallel.buckets:ddp_sync" in banned_answers("zero1_step")
 
 
 @pytest.mark.parametrize("exercise, program, passes", [
@@ -188,7 +194,7 @@ def test_isolated_rank_processes_measure_memory_too(exercise, program, passes):
     cloudpickle.register_pickle_by_value(Z)
     try:
         report = grade_cases(exercise, module, program, seed=0,
-                             runner=runner(512, banned_modules(exercise)))
+                             runner=runner(512, banned_answers(exercise)))
     finally:
         cloudpickle.unregister_pickle_by_value(Z)
     assert report.passed == passes, str(report)

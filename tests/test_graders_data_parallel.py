@@ -455,7 +455,7 @@ def test_ringlabs_reference_called_under_a_run_time_name_fails_isolated_grading(
     from ringlab.grading import GRADERS
     from ringlab.grading.isolated import Submission, runner
     from ringlab.grading.report import grade_cases
-    from ringlab.grading.trusted import banned_modules
+    from ringlab.grading.trusted import banned_answers
 
     def sync_sgd_step(comm, model, opt, x, y, batch_size):
         name = ".".join(["ringlab", "data_" + chr(112) + "arallel", "sync" + chr(95) + "sgd"])
@@ -464,5 +464,5 @@ def test_ringlabs_reference_called_under_a_run_time_name_fails_isolated_grading(
     module = importlib.import_module(f"ringlab.grading.{GRADERS['sync_sgd_step']}")
     report = grade_cases("sync_sgd_step", module, Submission(cloudpickle.dumps(sync_sgd_step),
                          "sync_sgd_step"), seed=1,
-                         runner=runner(banned=banned_modules("sync_sgd_step")))
-    assert not report.passed and "ringlab's own reference solution" in str(report)
+                         runner=runner(banned=banned_answers("sync_sgd_step")))
+    assert not report.passed and "ringlab's own answer" in str(report)

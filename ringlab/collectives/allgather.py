@@ -21,10 +21,12 @@ rank 3's vector; a message carrying several blocks has a tuple of them.
 
 import numpy as np
 
+from ..answers import answer
 from ..comm import collective
 from .broadcast import check_root, flat_broadcast
 
 
+@answer('ring_allgather', 'fix_ring_allgather')
 @collective
 def ring_allgather(comm, x):
     """Gather every rank's ``x`` on every rank, around a ring; returns the concatenation.
@@ -53,6 +55,7 @@ def ring_allgather(comm, x):
     return np.concatenate(blocks)
 
 
+@answer('ring_allgather', 'fix_ring_allgather')
 @collective
 def naive_allgather(comm, x, root=0):
     """AllGather through one rank: gather everything to ``root``, then
@@ -79,6 +82,7 @@ def naive_allgather(comm, x, root=0):
     return flat_broadcast(comm, result, root)
 
 
+@answer('ring_allgather', 'fix_ring_allgather')
 @collective
 def recursive_doubling_allgather(comm, x):
     """AllGather in log2(N) steps for a power-of-two world_size.

@@ -18,11 +18,13 @@ rank, for every N.
 
 import numpy as np
 
+from ..answers import answer
 from ..comm import collective
 from .broadcast import binomial_broadcast
 from .reduce import binomial_reduce
 
 
+@answer('ring_allreduce')
 @collective
 def ring_allreduce(comm, x, out=None):
     """Sum ``x`` over all ranks with the ring algorithm; every rank gets the sum.
@@ -59,6 +61,7 @@ def ring_allreduce(comm, x, out=None):
     return out
 
 
+@answer('ring_allreduce')
 @collective
 def tree_allreduce(comm, x):
     """AllReduce as a binomial-tree reduce to rank 0 followed by a binomial-tree

@@ -25,6 +25,7 @@ block, a tuple of such pairs for several.
 
 import numpy as np
 
+from ..answers import answer
 from ..comm import collective
 
 
@@ -36,6 +37,7 @@ def _check_blocks(comm, blocks, name):
     return [np.asarray(b) for b in blocks]
 
 
+@answer('alltoall', 'ring_alltoall')
 @collective
 def alltoall(comm, blocks):
     """Direct AlltoAll: send ``blocks[c]`` straight to rank c, for every c.
@@ -63,6 +65,7 @@ def alltoall(comm, blocks):
     return out
 
 
+@answer('alltoall', 'ring_alltoall')
 @collective
 def pairwise_alltoall(comm, blocks):
     """AlltoAll in N-1 rounds; in round k each rank swaps one block with one partner.
@@ -90,6 +93,7 @@ def pairwise_alltoall(comm, blocks):
     return out
 
 
+@answer('ring_alltoall', 'alltoall')
 @collective
 def ring_alltoall(comm, blocks):
     """AlltoAll between ring neighbours only: blocks travel right until they arrive.

@@ -25,9 +25,11 @@ them against the simulator.)
 
 import numpy as np
 
+from ..answers import answer
 from ..comm import collective
 
 
+@answer('ring_allreduce')
 @collective
 def bidirectional_ring_allreduce(comm, x):
     """Sum ``x`` over all ranks: half of it on a ring to the right, half on a

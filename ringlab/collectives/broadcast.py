@@ -29,6 +29,7 @@ Messages carry the whole vector as ``chunk=0``, or segment s as ``chunk=s``.
 
 import numpy as np
 
+from ..answers import answer
 from ..comm import collective
 
 
@@ -51,6 +52,7 @@ def _start(comm, x, root, name):
     return (comm.rank - root) % comm.world_size, None
 
 
+@answer('tree_broadcast', 'binomial_broadcast')
 @collective
 def flat_broadcast(comm, x, root=0):
     """The root sends the whole vector to every other rank, one rank per step.
@@ -69,6 +71,7 @@ def flat_broadcast(comm, x, root=0):
     return x
 
 
+@answer('tree_broadcast', 'binomial_broadcast')
 @collective
 def chain_broadcast(comm, x, root=0, segments=1):
     """Pass the vector along the chain root, root+1, ..., root-1 in ``segments``
@@ -100,6 +103,7 @@ def chain_broadcast(comm, x, root=0, segments=1):
     return x if i == 0 else np.concatenate(pieces)
 
 
+@answer('tree_broadcast', 'binomial_broadcast')
 @collective
 def tree_broadcast(comm, x, root=0):
     """Broadcast down a binary tree laid out like a heap, relative to the root:
@@ -122,6 +126,7 @@ def tree_broadcast(comm, x, root=0):
     return x
 
 
+@answer('binomial_broadcast', 'tree_broadcast')
 @collective
 def binomial_broadcast(comm, x, root=0):
     """Broadcast in ceil(log2 N) steps: in step k+1 every rank that has the data

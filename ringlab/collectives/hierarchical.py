@@ -18,6 +18,7 @@ every link, the bandwidth terms are equal (2(G-1)/G + 2(M-1)/(MG) =
 of 2(MG-1). See ``ringlab.cost.timing`` for the two-level network.
 """
 
+from ..answers import answer
 from ..comm import collective
 from ..mesh import DeviceMesh
 from .allgather import ring_allgather
@@ -25,6 +26,7 @@ from .allreduce import ring_allreduce
 from .reduce_scatter import ring_reduce_scatter
 
 
+@answer('hierarchical_allreduce')
 @collective
 def hierarchical_allreduce(comm, x, mesh=None):
     """Sum ``x`` over all ranks in three phases; ``mesh`` is a ``DeviceMesh``

@@ -20,9 +20,11 @@ ranks in 2(N-1) steps, exactly like ``ring_allreduce``.
 
 import numpy as np
 
+from ..answers import answer
 from ..comm import collective
 
 
+@answer('ring_reduce_scatter')
 @collective
 def ring_reduce_scatter(comm, x):
     """Return chunk ``rank`` of the element-wise sum of all ranks' ``x``.

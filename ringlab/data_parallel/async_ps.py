@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..answers import answer
 from ..cost.alpha_beta import AlphaBeta
 from ..runner import run
 from .ps_task import STOP, PSTask
@@ -54,6 +55,7 @@ __all__ = ["async_ps", "ps_server", "ps_worker", "run_async_ps", "PSRun", "stale
 
 # -- the program ------------------------------------------------------------------------------
 
+@answer('async_ps')
 def async_ps(comm, spec, s=math.inf):
     """Asynchronous SGD, SSP bound ``s`` (0: synchronous, ``math.inf``: fully async).
 
@@ -68,6 +70,7 @@ def async_ps(comm, spec, s=math.inf):
     return ps_worker(comm, task)
 
 
+@answer('async_ps')
 def ps_worker(comm, task):
     pushed = 0
     while True:
@@ -79,6 +82,7 @@ def ps_worker(comm, task):
         pushed += 1
 
 
+@answer('async_ps')
 def ps_server(comm, task, s):
     params = task.init.copy()
     workers = range(1, comm.world_size)

@@ -34,6 +34,7 @@ small so the first AllReduce starts early.
 
 import numpy as np
 
+from ..answers import answer
 from ..collectives import ring_allreduce
 from ..nn import FlatBuffer, mse
 
@@ -41,6 +42,7 @@ BUCKET_CAP_BYTES = 25 * 1024 * 1024      # torch: kDefaultBucketBytesCap, bucket
 FIRST_BUCKET_BYTES = 1024 * 1024         # torch: kDefaultFirstBucketBytes
 
 
+@answer('bucketed_grad_sync')
 def assign_buckets(params, cap_bytes=BUCKET_CAP_BYTES, first_bucket_bytes=None):
     """Names of ``params`` grouped into buckets, in the order backward fills them.
 
@@ -103,6 +105,7 @@ def _average(comm, flat):
     return flat
 
 
+@answer('bucketed_grad_sync')
 def sync_per_parameter(comm, params, backward):
     """After backward, one AllReduce per tensor: len(params) x 2(P-1) alphas."""
     grads = {}
@@ -112,6 +115,7 @@ def sync_per_parameter(comm, params, backward):
         params[name].shape) for name in params}
 
 
+@answer('bucketed_grad_sync')
 def sync_flat(comm, params, backward):
     """After backward, one AllReduce of one flat buffer: no overlap at all."""
     flat = FlatBuffer({name: np.zeros_like(p) for name, p in params.items()})
@@ -123,6 +127,7 @@ def sync_flat(comm, params, backward):
     return {name: flat.views[name] for name in params}
 
 
+@answer('bucketed_grad_sync')
 def ddp_sync(comm, params, backward, cap_bytes=BUCKET_CAP_BYTES,
              first_bucket_bytes=FIRST_BUCKET_BYTES):
     """DDP: buckets in reverse layer order, each AllReduced on the communication

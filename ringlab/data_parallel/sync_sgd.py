@@ -25,6 +25,7 @@ small shards. Weighting each rank's mean gradient by its share of the samples,
 
 import numpy as np
 
+from ..answers import answer
 from ..collectives import ring_allreduce
 from ..nn import SGD, flatten, mlp_model, mse
 
@@ -44,6 +45,7 @@ def local_gradient(model, x, y, loss_fn=mse):
     return loss
 
 
+@answer('sync_sgd_step')
 def sync_sgd_step(comm, model, opt, x, y, batch_size, loss_fn=mse):
     """One step of synchronous SGD on this rank's shard ``(x, y)`` of a global
     batch of ``batch_size`` samples. Returns the loss on the shard."""

@@ -116,24 +116,27 @@ def _rank_main(conn, program_bytes, memory_mb, banned=()):
 
 
 class ReferenceCalled(Exception):
-    """The program ran ringlab's own reference solution."""
+    """The program ran one of ringlab's answers to an exercise (``ringlab.answers``)."""
 
 
-def _reference_files(banned):
-    """The source files of the ``banned`` modules, and the names of the answer
-    functions banned one by one ("pkg.module:fn1,fn2": a grader's own module
-    holds its driver, which runs here, and answers, which must not)."""
-    files, functions = set(), {}
+def _answers(banned):
+    """The functions named in ``banned`` (``module:qualname``, see
+    ``ringlab.answers.name_of``), each with the words that name it, and the
+    ``(file, qualname)`` of their code. A decorated answer counts through to the
+    function it wraps (``@collective``'s wrapper is shared code; what it wraps is not)."""
+    found, codes = [], {}
     for entry in banned:
-        name, _, only = entry.partition(":")
-        mod = importlib.import_module(name)   # first: a package imports its modules, which count too
-        if only:
-            functions[mod.__file__] = set(only.split(","))
-            continue
-        for m in list(sys.modules.values()):
-            if getattr(m, "__name__", "").startswith(name) and getattr(m, "__file__", None):
-                files.add(m.__file__)
-    return files, functions
+        module, _, qualname = str(entry).partition(":")
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        exercises = ", ".join(getattr(obj, "__ringlab_answers__", ()))
+        words = f"ringlab's own answer to {exercises} ({module}.{qualname})"
+        while isinstance(obj, types.FunctionType):
+            if obj.__closure__ is None:
+                codes[(obj.__code__.co_filename, obj.__code__.co_qualname)] = words
+            obj = getattr(obj, "__wrapped__", None)
+    return codes
 
 
 def _report_and_exit(why, kind="ReferenceCalled"):
@@ -174,22 +177,22 @@ _WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _ARMED = [False]      # while the program runs
 
 
-def _poison(files, functions):
-    """Replace the code of every banned function in this process by a stub that
-    ends the rank: the reference no longer exists here, however the program
-    reaches it (sys.modules, gc, a package attribute, a thread without the
-    profile hook). The originals are dropped, not kept anywhere."""
-    stub_src = "def stub(*args, **kwargs):\n    _ringlab_reference_called()\n"
-    stub = {}
-    exec(compile(stub_src, "<reference removed by the grader>", "exec"), stub)
+def _poison(codes):
+    """Replace the code of every banned answer in this process by a stub that
+    ends the rank: the answer no longer exists here, however the program
+    reaches it (sys.modules, gc, a package attribute, a copy of the function,
+    a thread without the profile hook). The originals are dropped, not kept."""
     for obj in gc.get_objects():
         if not isinstance(obj, types.FunctionType) or obj.__closure__:
             continue
-        file = obj.__code__.co_filename
-        if file in files or obj.__code__.co_name in functions.get(file, ()):
-            where = os.path.relpath(file, os.path.dirname(os.path.dirname(__file__)))
-            obj.__globals__["_ringlab_reference_called"] = functools.partial(
-                _report_and_exit, f"the program called ringlab's own reference solution ({where})")
+        words = codes.get((obj.__code__.co_filename, obj.__code__.co_qualname))
+        if words is not None:
+            # The stub runs with the answer's own globals: its one name goes there.
+            obj.__globals__["_ringlab_answer_called"] = _report_and_exit
+            stub = {}
+            exec(compile(f"def stub(*args, **kwargs):\n    _ringlab_answer_called("
+                         f"{'the program called ' + words!r})\n",
+                         "<answer removed by the grader>", "exec"), stub)
             obj.__code__ = stub["stub"].__code__
 
 
@@ -217,7 +220,7 @@ def _audit(files):
             if sys._getframe(1).f_code in _THREAD_START:
                 return
             _report_and_exit(f"the program called {event} (the grader's guard against "
-                             f"running ringlab's reference solution)")
+                             f"running ringlab's own answers)")
         elif event.startswith("ctypes."):
             _report_and_exit("the program used ctypes, which the grader does not allow")
         elif event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
@@ -231,33 +234,36 @@ def _audit(files):
             except OSError:
                 linked = False
             if path in sources or linked:
-                _report_and_exit(f"the program read the source of ringlab's reference "
-                                 f"solution ({os.path.basename(path)})")
+                _report_and_exit(f"the program read the source of ringlab's answers "
+                                 f"({os.path.basename(path)}), which hold an exercise's answer")
     sys.addaudithook(hook)
 
 
 @contextlib.contextmanager
 def _no_reference(banned):
-    """Fail the rank if, while the program runs, a function of the ``banned``
-    modules (ringlab's reference solutions for this exercise) is called, however
-    the program reached it (an import under a name built at run time, a package
-    attribute, gc). Three layers: the functions' code is replaced by a stub that
-    ends the rank; a profile hook sees every call (on this thread and on the
-    threads of ``comm.start`` works); an audit hook ends the rank if the program
-    switches the profiler off, reads a reference's source or uses ctypes. The
-    audit hook also keeps the ranks apart: no file writes, sockets, signals or
-    subprocesses, so the messages are the only way between them."""
-    files, functions = _reference_files(banned)
-    real = {os.path.realpath(f) for f in files}
-    _poison(files, functions)
+    """Fail the rank if, while the program runs, one of the ``banned`` answers
+    (ringlab's own answers to this exercise, or to another it may not build
+    on) is called, however the program reached it (an import under a name
+    built at run time, a package attribute, gc). Three layers: the answers'
+    code is replaced by a stub that ends the rank; a profile hook sees every
+    call (on this thread and on the threads of ``comm.start`` works); an audit
+    hook ends the rank if the program switches the profiler off, reads the
+    source of a module that holds an answer (to make a fresh copy) or uses
+    ctypes. The audit hook also keeps the ranks apart: no file writes,
+    sockets, signals or subprocesses, so the messages are the only way between
+    them."""
+    codes = _answers(banned)
+    _poison(codes)
     sys.dont_write_bytecode = True       # an import must not write a .pyc: no writes at all
-    _audit(real)
+    _audit({os.path.realpath(file) for file, _ in codes})
     hit = []
 
     def hook(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename in files and not hit:
-            hit.append(frame.f_code.co_filename)
-    if files:                  # a profile hook slows every call: only where it watches something
+        if event == "call" and not hit:
+            words = codes.get((frame.f_code.co_filename, frame.f_code.co_qualname))
+            if words is not None:
+                hit.append(words)
+    if codes:                  # a profile hook slows every call: only where it watches something
         sys.setprofile(hook)
         threading.setprofile(hook)
     _ARMED[0] = True
@@ -265,12 +271,11 @@ def _no_reference(banned):
         yield
     finally:
         _ARMED[0] = False
-        if files:
+        if codes:
             sys.setprofile(None)
             threading.setprofile(None)
         if hit:
-            raise ReferenceCalled(f"the program called ringlab's own reference solution "
-                                  f"({os.path.relpath(hit[0], os.path.dirname(os.path.dirname(__file__)))})")
+            raise ReferenceCalled(f"the program called {hit[0]}")
 
 
 def _limit(memory_mb):
@@ -817,8 +822,8 @@ def run_isolated(program, inputs, *, args=(), kwargs=None, mode="buffered", time
 
     ``program`` is a ``Submission`` (cloudpickle bytes) or a function (pickled
     here, by value). ``timeout`` covers the whole run, process starts included.
-    ``banned``: modules whose functions the program must not call (the
-    exercise's reference solutions): a call fails the rank.
+    ``banned``: the answers the program must not call (``module:qualname``,
+    see ``ringlab.answers.forbidden``): a call fails the rank.
     """
     if backend != "sim":
         raise ValueError("isolated runs use the simulator")

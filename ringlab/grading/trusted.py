@@ -37,26 +37,6 @@ from .isolated import Submission, runner
 
 FIELDS = ("notebook", "exercise", "result", "cases_passed", "cases_total", "failed_check", "seed",
           "reason", "cell_errors", "seconds")
-# Modules that hold reference answers: a submission that refers to them is not the learner's work.
-# ringlab's reference code: a submission may not use it, except the packages its
-# grader names in ``ALLOWED_REFERENCES`` (Part 2's exercises build on Part 1's
-# collectives: ("collectives",)). In data_parallel, the modules that hold the
-# reference answers are banned; helpers such as ps_task are not.
-# Part 3's reference answers are all of ringlab.tensor_parallel (its layers are the exercises).
-# Part 4's are ringlab.pipeline.schedules (one_f_one_b's answer) and .stages
-# (pipeline_stage's); its actions and validate are tools for both.
-# Part 5's are all of ringlab.zero (ZeRO-1/2/3 steps, their layouts and units).
-# ringlab.collectives.hierarchical is hierarchical_allreduce's answer: banned even
-# where Part 1's collectives are allowed (it comes first, so that it, not the
-# package, is what matches).
-REFERENCE = re.compile(r"^ringlab\.(collectives\.hierarchical|collectives|grading"
-                       r"|tensor_parallel|zero"
-                       r"|data_parallel\.(?:async_ps|sync_sgd|buckets)"
-                       r"|pipeline\.(?:schedules|stages))\b"
-                       r"|/ringlab/(collectives/hierarchical|collectives|grading"
-                       r"|tensor_parallel|zero"
-                       r"|data_parallel/(?:async_ps|sync_sgd|buckets)"
-                       r"|pipeline/(?:schedules|stages))")
 MAX_SUBMISSION = 50 * 2**20
 
 # The cell the grader adds at the end of the notebook. It runs in the learner's
@@ -72,6 +52,7 @@ def __ringlab_export(names, folder):
             found[exercise] = {"missing": True}
             continue
         found[exercise] = {"module": str(getattr(f, "__module__", "")),
+                           "name": str(getattr(f, "__qualname__", "")),
                            "file": str(getattr(getattr(f, "__code__", None), "co_filename", ""))}
         try:
             data = cloudpickle.dumps(f)
@@ -104,21 +85,52 @@ def exercises_of(nb, path, override=None):
                      "file name is no exercise id); pass --exercise ID")
 
 
-def reference_in(data, allowed=()):
-    """The first reference to ringlab's reference code in pickle ``data``, or None.
+def reference_in(data, banned=None):
+    """What in pickle ``data`` is not the learner's own: words naming the first
+    of ringlab's ``banned`` answers (``module:qualname``; None: every answer)
+    or of the grader's functions that the bytes refer to, or None.
 
     ``pickletools.genops`` only parses the opcodes; it runs nothing. A function
-    imported from ringlab is pickled by reference ("ringlab.collectives.allreduce",
-    "ring_allreduce"); one of its code pickled by value still carries its module
-    name and file. Strings are all we need to look at."""
+    imported from ringlab is pickled by reference: its module and name, pushed
+    as two strings before a ``STACK_GLOBAL`` (or in one ``GLOBAL``). Helpers
+    (``ringlab.zero.sharding.padded_size``) are allowed; answers are not. What
+    the bytes cannot show (a name built at run time) the rank processes catch."""
+    from .. import answers
+    named = set(answers.forbidden(None) if banned is None else banned)
+    recent, memo = [None, None], {}     # the last two values pushed (strings, else None)
     try:
-        for _, arg, _ in pickletools.genops(data):
-            match = REFERENCE.search(arg) if isinstance(arg, str) else None
-            if match and (match.group(1) or match.group(2)).replace(".", "/") not in allowed:
-                return arg
+        for op, arg, _ in pickletools.genops(data):
+            name = op.name
+            if name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):    # store, push nothing
+                memo[len(memo) if name == "MEMOIZE" else arg] = recent[-1]
+                continue
+            if name in ("GET", "BINGET", "LONG_BINGET"):
+                recent = [recent[-1], memo.get(arg)]
+                continue
+            if name == "GLOBAL" and isinstance(arg, str):
+                module, _, name = arg.partition(" ")
+            elif name == "STACK_GLOBAL" and None not in recent:
+                module, name = recent
+            else:
+                recent = [recent[-1], arg if isinstance(arg, str) else None]
+                continue
+            recent = [recent[-1], None]
+            if f"{module}:{name}" in named:
+                exercises = ", ".join(answers.answers_of(_resolve(module, name)))
+                return f"submitted ringlab's own answer to {exercises} ({module}.{name})"
+            if module == __package__ or module.startswith(__package__ + "."):
+                return (f"the program refers to ringlab's grader ({module}.{name}), which a "
+                        f"submission may not use")
     except Exception:  # noqa: BLE001 - unreadable bytes: the rank processes will say so
         return None
     return None
+
+
+def _resolve(module, qualname):
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def _kernel_manager(tmp, memory_mb):
@@ -178,7 +190,6 @@ def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, s
     """Grade one notebook; returns its rows (dicts with ``FIELDS``), one per exercise."""
     import nbformat
     from .report import grade_cases
-    import importlib
 
     start = time.monotonic()
     rows = []
@@ -214,14 +225,11 @@ def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, s
             elif data is None:
                 why = info.get("error") or f"the notebook defines no function {name}(comm, ...)"
                 row(exercise, "failed", why, **common)
-            elif (str(info.get("module", "")).startswith("ringlab.")
-                  or reference_in(data, _allowed(exercise))):
-                where = reference_in(data, _allowed(exercise)) or info.get("module")
-                row(exercise, "failed", f"submitted ringlab's own reference solution ({where})", **common)
+            elif not_their_own(info, data, exercise):
+                row(exercise, "failed", not_their_own(info, data, exercise), **common)
             else:
-                module = importlib.import_module(f"ringlab.grading.{GRADERS[exercise]}")
-                report = grade_cases(exercise, module, Submission(data, name), seed=seed,
-                                     runner=runner(memory_mb, banned_modules(exercise)))
+                report = grade_cases(exercise, grader_module(exercise), Submission(data, name), seed=seed,
+                                     runner=runner(memory_mb, banned_answers(exercise)))
                 f = report.failure
                 result = "passed" if report.passed else "not implemented" if report.not_implemented else "failed"
                 row(exercise, result, "" if f is None else f"{f.case}: {f.what}".split("\n")[0][:300],
@@ -230,39 +238,33 @@ def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, s
     return rows
 
 
-# The same modules, for the runtime check in the rank processes (isolated.py):
-# a call into one of them while the program runs fails the grade, however the
-# program found it (a name built at run time escapes the scan of the bytes).
-REFERENCE_MODULES = {"collectives": "ringlab.collectives",
-                     "collectives/hierarchical": "ringlab.collectives.hierarchical",
-                     "data_parallel/async_ps": "ringlab.data_parallel.async_ps",
-                     "data_parallel/sync_sgd": "ringlab.data_parallel.sync_sgd",
-                     "data_parallel/buckets": "ringlab.data_parallel.buckets",
-                     "tensor_parallel": "ringlab.tensor_parallel",
-                     "zero": "ringlab.zero",
-                     "pipeline/schedules": "ringlab.pipeline.schedules",
-                     "pipeline/stages": "ringlab.pipeline.stages"}
+def banned_answers(exercise):
+    """The answers a submission for ``exercise`` may not call (``module:qualname``):
+    all but those of the exercises its grader ``USES`` (an exercise id, or a
+    part: all of its exercises), and its own. See ``ringlab.answers``."""
+    from .. import answers
+    for other in GRADERS:               # a grader may hold answers of its own
+        grader_module(other)
+    uses = set()
+    for u in getattr(grader_module(exercise), "USES", ()):
+        uses |= {u} if u in GRADERS else {e for e, m in GRADERS.items() if m.split(".")[1] == u}
+    return answers.forbidden(exercise, uses)
 
 
-def banned_modules(exercise):
-    """The reference modules ``exercise``'s submissions may not call."""
-    allowed = _allowed(exercise)
-    # A package named in ALLOWED_REFERENCES is allowed, but not its modules named
-    # with a "/" here, unless the grader names that module itself ("pipeline/schedules").
-    modules = tuple(m for key, m in REFERENCE_MODULES.items() if key not in allowed
-                    and (key.split("/")[0] not in allowed or "/" in key))
-    # A grader module that computes right answers (for its diagnoses) names them in
-    # ANSWERS: they are banned one by one, since its driver runs in the rank.
-    grader = importlib.import_module(f"ringlab.grading.{GRADERS[exercise]}")
-    answers = getattr(grader, "ANSWERS", ())
-    return modules + ((f"{grader.__name__}:{','.join(answers)}",) if answers else ())
+def grader_module(exercise):
+    return importlib.import_module(f"{__package__}.{GRADERS[exercise]}")
 
 
-def _allowed(exercise):
-    """The reference packages ``exercise``'s grader lets a submission use."""
-    import importlib
-    module = importlib.import_module(f"ringlab.grading.{GRADERS[exercise]}")
-    return tuple(getattr(module, "ALLOWED_REFERENCES", ()))
+def not_their_own(info, data, exercise):
+    """Why the function exported for ``exercise`` is not the learner's own
+    (words for the report), or None."""
+    banned = banned_answers(exercise)
+    module = str(info.get("module", ""))
+    if module.startswith("ringlab.") and info.get("name"):
+        if f"{module}:{info['name']}" in banned:
+            return reference_in(data, banned) or f"submitted ringlab's own answer ({module})"
+        return f"submitted ringlab's function {module}.{info['name']}, not a function of your own"
+    return reference_in(data, banned)
 
 
 def _read_json(path):

@@ -16,6 +16,7 @@ per unit, ``F0`` the forward and ``B0`` the backward of microbatch 0, ``.``
 where the rank waits.
 """
 
+from ..answers import answer
 from .actions import Action, format_schedule
 from .validate import picture  # draws the schedules in the docstrings
 
@@ -56,6 +57,7 @@ def gpipe(p, m):
     return [gpipe_stage(r, p, m) for r in range(p)]
 
 
+@answer('one_f_one_b')
 def one_f_one_b_stage(r, p, m):
     """1F1B on stage ``r`` (PipeDream-Flush; Narayanan et al. 2021, section 2.2.1).
 
@@ -83,11 +85,13 @@ def one_f_one_b_stage(r, p, m):
     return order
 
 
+@answer('one_f_one_b')
 def one_f_one_b(p, m):
     """The 1F1B schedule of all ``p`` ranks (see ``one_f_one_b_stage``)."""
     return [one_f_one_b_stage(r, p, m) for r in range(p)]
 
 
+@answer('one_f_one_b')
 def interleaved_1f1b_rank(r, p, m, v):
     """Interleaved 1F1B on rank ``r`` with ``v`` model chunks per rank
     (Narayanan et al. 2021, section 2.2.2, Figure 4; Megatron-LM's order).
@@ -134,6 +138,7 @@ def interleaved_1f1b_rank(r, p, m, v):
     return order + backwards[total - warmup:]
 
 
+@answer('one_f_one_b')
 def interleaved_1f1b(p, m, v):
     """The interleaved 1F1B schedule of all ``p`` ranks (see ``interleaved_1f1b_rank``)."""
     return [interleaved_1f1b_rank(r, p, m, v) for r in range(p)]

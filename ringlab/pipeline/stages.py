@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import ringlab
+from ..answers import answer
 from ..nn import Linear, Sequential, mse
 from .actions import needs, sends, stage_rank
 
@@ -106,6 +107,7 @@ class _Held:
         self.twin, self.dloss, self.pending = twin, None, []
 
 
+@answer('pipeline_stage')
 def pipeline_stage(comm, work):
     """Run this rank's ``work.actions`` in order; return a ``StageOutput``.
 
@@ -178,6 +180,7 @@ def pipeline_stage(comm, work):
     return StageOutput(grads, loss, peak)
 
 
+@answer('pipeline_stage')
 def _backward_input(module, dy, pending, rank, action):
     """B of a zero-bubble schedule: the input gradient through ``module``'s layers;
     each Linear's dy waits in ``pending`` for W."""

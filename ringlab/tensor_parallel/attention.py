@@ -25,6 +25,7 @@ its q.k dot product), and Megatron gives every rank the same number.
 
 import numpy as np
 
+from ..answers import answer
 from ..nn import CausalSelfAttention, Module
 from .dropout import ShardedDropout
 from .layers import ColumnParallelLinear, RowParallelLinear
@@ -76,10 +77,12 @@ class ParallelAttention(CausalSelfAttention):
         drop = ShardedDropout.from_dropout(attn.drop, comm, axis=1)
         return cls(comm, heads, hd, qkv, proj, drop)
 
+    @answer('tp_attention')
     def forward(self, x):
         with self.comm.span("tp.attention.forward"):
             return super().forward(x)       # qkv (f: no-op) -> my heads -> proj (g: AllReduce)
 
+    @answer('tp_attention')
     def backward(self, dy):
         with self.comm.span("tp.attention.backward"):
             return super().backward(dy)     # proj (local) -> my heads -> qkv (f: AllReduce)

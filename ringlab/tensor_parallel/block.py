@@ -35,6 +35,7 @@ Megatron's gradient sync does (``finalize_model_grads``).
 
 import numpy as np
 
+from ..answers import answer
 from ..collectives import ring_allreduce
 from ..nn import LayerNorm, Module
 from .attention import ParallelAttention
@@ -89,12 +90,14 @@ class ParallelTransformerBlock(Module):
         return cls(comm, copy_layernorm(block.ln1), attn, drop1, copy_layernorm(block.ln2),
                    mlp, drop2, sequence_parallel)
 
+    @answer('tp_attention', 'megatron_mlp')
     def forward(self, x):
         """x: (b, s, h), or my tokens (b, s/t, h) with sequence parallelism."""
         with self.comm.span("tp.block.forward"):
             x = x + self.drop1.forward(self.attn.forward(self.ln1.forward(x)))
             return x + self.drop2.forward(self.mlp.forward(self.ln2.forward(x)))
 
+    @answer('tp_attention', 'megatron_mlp')
     def backward(self, dy):
         with self.comm.span("tp.block.backward"):
             dy = dy + self.ln2.backward(self.mlp.backward(self.drop2.backward(dy)))

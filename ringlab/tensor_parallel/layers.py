@@ -33,6 +33,7 @@ it a rank holds (its ``params``/``grads`` hold that part, accumulated +=):
 
 import numpy as np
 
+from ..answers import answer
 from ..collectives import ring_allgather
 from ..nn import Module
 from .operators import CopyToTensorParallelRegion, ReduceFromTensorParallelRegion
@@ -96,6 +97,7 @@ class ColumnParallelLinear(_Shard):
         return cls(comm, linear.params["weight"][:, columns], bias,     # fancy indexing copies
                    columns=np.asarray(columns), gather_output=gather_output)
 
+    @answer('column_parallel_linear')
     def forward(self, x):
         self.x = x = self.f.forward(x)
         y = x @ self.params["weight"]                # my columns of Y: no communication
@@ -106,6 +108,7 @@ class ColumnParallelLinear(_Shard):
             y = np.moveaxis(ring_allgather(self.comm, np.moveaxis(y, -1, 0)), 0, -1)
         return y
 
+    @answer('column_parallel_linear')
     def backward(self, dy):
         if self.gather_output:
             # AllGather's backward is a split: keep the gradient of my own columns.
@@ -142,6 +145,7 @@ class RowParallelLinear(_Shard):
         bias = np.array(linear.params["bias"]) if "bias" in linear.params else None
         return cls(comm, linear.params["weight"][rows, :], bias, rows=np.asarray(rows))
 
+    @answer('row_parallel_linear')
     def forward(self, x):
         self.x = x                                   # my columns of X
         y = self.g.forward(x @ self.params["weight"])   # partial sums -> the full product
@@ -149,6 +153,7 @@ class RowParallelLinear(_Shard):
             y = y + self.params["bias"]              # after the sum: added once, not t times
         return y
 
+    @answer('row_parallel_linear')
     def backward(self, dy):
         dy = self.g.backward(dy)                     # identity: every rank has the whole dY
         x2, dy2 = self.x.reshape(-1, self.x.shape[-1]), dy.reshape(-1, dy.shape[-1])

@@ -24,6 +24,7 @@ in proj) and one backward (f, in fc), each of a b*s*h activation.
     ['tp.mlp.forward', 'tp.mlp.forward/ring_allreduce']
 """
 
+from ..answers import answer
 from ..nn import GeLU, Module
 from .layers import ColumnParallelLinear, RowParallelLinear
 from .sequence import SequenceParallelColumnLinear, SequenceParallelRowLinear
@@ -53,6 +54,7 @@ class ParallelMLP(Module):
         proj = row.from_linear(mlp.proj, comm, rows=fc.columns)
         return cls(comm, fc, GeLU(mlp.act.approximate), proj)
 
+    @answer('megatron_mlp')
     def forward(self, x):
         with self.comm.span("tp.mlp.forward"):
             h = self.fc.forward(x)           # (b, s, hidden/t): my hidden units, no communication
@@ -60,6 +62,7 @@ class ParallelMLP(Module):
             return self.proj.forward(h)      # partial sums of Y -> the one AllReduce (g)
                                              # (with SP: g-bar's ReduceScatter)
 
+    @answer('megatron_mlp')
     def backward(self, dy):
         with self.comm.span("tp.mlp.backward"):
             dh = self.proj.backward(dy)      # local: dY is replicated

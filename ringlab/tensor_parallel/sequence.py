@@ -41,6 +41,7 @@ reason) and back.
 
 import numpy as np
 
+from ..answers import answer
 from ..collectives import ring_allgather, ring_reduce_scatter
 from ..nn import Module
 from .layers import ColumnParallelLinear, RowParallelLinear
@@ -126,12 +127,14 @@ class SequenceParallelColumnLinear(ColumnParallelLinear):
         layer.store_input_shard = store_input_shard
         return layer
 
+    @answer('column_parallel_linear')
     def forward(self, x):
         y = super().forward(x)                   # g AllGathers x into self.x
         if self.store_input_shard:
             self.x, self.x_shard = None, x       # drop the gathered input; keep my tokens
         return y
 
+    @answer('column_parallel_linear')
     def backward(self, dy):
         if self.store_input_shard:
             with self.comm.span("regather_input"):

@@ -45,6 +45,7 @@ in mixed precision, plus padding.
 
 import numpy as np
 
+from ..answers import answer
 from ..collectives import ring_allgather, ring_reduce_scatter
 from ..data_parallel.buckets import loss_and_backward
 from ..data_parallel.sync_sgd import shard
@@ -52,6 +53,7 @@ from ..nn import Adam, flatten, mlp_model, mse
 from .sharding import check_shard, load_flat, master_shard
 
 
+@answer('zero1_step')
 def zero1_step(comm, model, opt, x, y, batch_size, loss_fn=mse, *, flops_per_second=None):
     """One ZeRO-1 step on this rank's shard ``(x, y)`` of a global batch of
     ``batch_size`` samples. ``opt`` optimizes this rank's shard of the master

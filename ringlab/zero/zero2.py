@@ -54,6 +54,7 @@ gone before the next one fills, and the peak adds only the largest.
 
 import numpy as np
 
+from ..answers import answer
 from ..collectives import ring_allgather, ring_reduce_scatter
 from ..data_parallel.buckets import BUCKET_CAP_BYTES, assign_buckets, loss_and_backward
 from ..data_parallel.sync_sgd import shard
@@ -94,6 +95,7 @@ class BucketShards:
         return np.split(shard, np.cumsum([p // self.world_size for p in self.padded])[:-1])
 
 
+@answer('zero2_step')
 def zero2_step(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
                flops_per_second=None):
     """One ZeRO-2 step on this rank's shard ``(x, y)`` of a global batch of
@@ -135,6 +137,7 @@ def zero2_step(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
     return loss
 
 
+@answer('zero2_step')
 def _reduce_scatter_bucket(comm, bucket):
     """A bucket's ReduceScatter, then the full bucket is dropped: on the
     communication stream, so that the free is recorded when the collective ends."""

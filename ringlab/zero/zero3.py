@@ -73,6 +73,7 @@ at the end to return the full parameters.
 
 import numpy as np
 
+from ..answers import answer
 from ..collectives import ring_allgather, ring_reduce_scatter
 from ..data_parallel.sync_sgd import shard
 from ..nn import Adam, FlatBuffer, mlp_model, mse
@@ -115,6 +116,7 @@ class Unit:
         return self.layers[0]
 
     # -- parameters: sharded <-> full --------------------------------------------------------
+    @answer('zero3_step')
     def prefetch(self, comm):
         """Start this unit's AllGather on the communication stream (a no-op if
         its parameters are full or on their way)."""
@@ -122,6 +124,7 @@ class Unit:
             comm.alloc("params.full", self._full_bytes)   # the AllGather's output, from now on
             self._prefetch = comm.start(ring_allgather, self.shard)
 
+    @answer('zero3_step')
     def unshard(self, comm):
         """Make the full parameters available: wait for the prefetch, or
         AllGather now; a no-op if they are still held."""
@@ -135,6 +138,7 @@ class Unit:
         self.full = full
         self.layer.params.update(self._views(self.full))
 
+    @answer('zero3_step')
     def reshard(self, comm):
         """Free the full parameters and gradients; only the shards stay.
         (``comm``: to record the freed memory.)"""
@@ -159,6 +163,7 @@ class Unit:
                 for name, start in self.offsets.items()}
 
     # -- compute ---------------------------------------------------------------------------------
+    @answer('zero3_step')
     def forward(self, comm, x):
         if self.compute_time:
             comm.compute(self.compute_time, "forward", layer=self.name)
@@ -166,6 +171,7 @@ class Unit:
             x = layer.forward(x)
         return x
 
+    @answer('zero3_step')
     def backward(self, comm, dy):
         """Backward through the unit into a fresh, full flat gradient
         ``full_grad`` (the layers add into views of it); returns dx."""
@@ -229,6 +235,7 @@ class ShardedModel:
         copies in ``master_dtype``."""
         return {u.name: u.shard if u.master is None else u.master for u in self.units}
 
+    @answer('zero3_step')
     def full_parameters(self, comm):
         """AllGather every unit and return all parameters as one flat vector,
         without padding, in ``named_parameters()`` order (for comparisons)."""
@@ -236,6 +243,7 @@ class ShardedModel:
             return np.concatenate([ring_allgather(comm, u.shard)[:u.numel] for u in self.units])
 
 
+@answer('zero3_step')
 def zero3_step(comm, model, opt, x, y, batch_size, loss_fn=mse):
     """One ZeRO-3 / FSDP step on this rank's shard ``(x, y)`` of a global batch
     of ``batch_size`` samples. ``model``: a ``ShardedModel``; ``opt``: an

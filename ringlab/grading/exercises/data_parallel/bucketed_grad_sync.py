@@ -50,7 +50,7 @@ from ....data_parallel.buckets import assign_buckets
 NAME = "bucketed_grad_sync"
 # Part 1's collectives are the tools here: `ringlab grade` lets submissions use them
 # (ring_allreduce), but not ringlab.data_parallel, which holds the reference answers.
-ALLOWED_REFERENCES = ("collectives",)
+USES = ("collectives",)
 NETWORK = AlphaBeta(alpha=1e-6, beta=1e-9)   # an AllReduce here: ~10 us; a layer: >= 1 ms
 
 

@@ -34,15 +34,15 @@ import numpy as np
 from . import problem, problem_text
 from ...report import Case, Failure, run_case
 from ..data_parallel import callable_learner
+from ....answers import answer
 from ....pipeline.actions import KINDS, Action, format_schedule
 from ....pipeline.validate import peak_in_flight, timeline, bubble_ratio, validate
 
 NAME = "one_f_one_b"
-# ringlab.pipeline.actions and .validate are tools here; .schedules holds the answer
-ALLOWED_REFERENCES = ()
-# This module computes right lists (for the diagnoses); in a rank's process these
-# functions are removed (trusted.banned_modules): the driver runs there, the answers not.
-ANSWERS = ("_with_warmup", "mistakes", "diagnose")
+# ringlab.pipeline.actions and .validate are helpers here; .schedules holds the answer.
+# This module computes right lists too (for the diagnoses): those functions are
+# answers (``@answer``), removed from a rank's process, where the driver runs.
+USES = ()
 CASES = [(4, 8), (2, 5), (3, 2), (1, 3), (3, 3), (5, 7), (8, 3), (8, 8), (8, 12), (6, 9),
          (3, 1), (1, 1)]
 RETURNS = 'one_f_one_b(r, p, m) -> a list of Actions, e.g. parse("0F0 0F1 0B0 ...")'
@@ -53,6 +53,7 @@ HINT = ("Warm-up: p - 1 - r forwards (at most m). Steady state: one forward, the
 
 # --------------------------------------------------------------------- the usual mistakes
 
+@answer("one_f_one_b")
 def _with_warmup(r, p, m, warmup, swapped=False):
     warmup = max(0, min(warmup, m))
     order = [Action("F", i, r) for i in range(warmup)]
@@ -62,6 +63,7 @@ def _with_warmup(r, p, m, warmup, swapped=False):
     return order + [Action("B", i, r) for i in range(m - warmup, m)]
 
 
+@answer("one_f_one_b")
 def mistakes(r, p, m):
     """{kind: (rank r's list, words)} of the usual mistakes, for rank r."""
     gpipe = [Action("F", i, r) for i in range(m)] + [Action("B", i, r) for i in range(m)]
@@ -81,6 +83,7 @@ def mistakes(r, p, m):
     return found
 
 
+@answer("one_f_one_b")
 def diagnose(schedule, p, m):
     """Words for the usual mistake the whole schedule is, naming the first rank where it
     differs from 1F1B, or ''. (A swapped steady state on ranks 0..p-2 is also a warm-up one

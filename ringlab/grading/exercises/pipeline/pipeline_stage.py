@@ -65,7 +65,7 @@ from ....pipeline.actions import parse, sends, stage_rank
 
 NAME = "pipeline_stage"
 # actions, schedules and validate are tools here; ringlab.pipeline.stages holds the answer
-ALLOWED_REFERENCES = ("pipeline/schedules",)
+USES = ("one_f_one_b",)
 TOL = 1e-9
 # (schedule, p, m, v, mode, network)
 CASES = [("1F1B", 3, 4, 1, "buffered", None),

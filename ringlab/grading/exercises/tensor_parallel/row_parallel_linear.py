@@ -27,7 +27,7 @@ from .common import Expected, Mistake, Pass, block, with_bias
 
 NAME = "row_parallel_linear"
 # ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
-ALLOWED_REFERENCES = ("collectives",)
+USES = ("collectives",)
 GRADS = ("weight", "bias")
 CASES = [(2, None, (3, 5, 8, 5)), (1, None, (2, 3, 4, 6)), (3, None, (2, 5, 9, 7)),
          (4, None, (3, 5, 8, 6)), (2, (2, 2), (3, 3, 6, 4)), (3, (2, 3), (2, 4, 6, 5)),

@@ -31,7 +31,7 @@ from ....nn import CausalSelfAttention, Linear, Module
 
 NAME = "tp_attention"
 # ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
-ALLOWED_REFERENCES = ("collectives",)
+USES = ("collectives",)
 GRADS = ("qkv.weight", "qkv.bias", "proj.weight", "proj.bias")
 # (t, mesh, (b, s, h, n_heads)); t=3 with 4 heads: the ValueError case
 CASES = [(2, None, (3, 5, 8, 4)), (1, None, (2, 3, 4, 2)), (3, None, (2, 5, 6, 3)),

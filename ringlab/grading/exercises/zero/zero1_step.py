@@ -47,7 +47,7 @@ from ....nn import Adam, FlatBuffer, flatten, mlp_model
 
 NAME = "zero1_step"
 # Part 1's collectives are the tools; ringlab.zero holds the answers.
-ALLOWED_REFERENCES = ("collectives", "data_parallel/sync_sgd")
+USES = ("collectives", "sync_sgd_step")
 STATE = "the state you were handed stays ZeRO-1's"
 
 

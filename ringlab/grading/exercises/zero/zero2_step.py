@@ -56,7 +56,7 @@ from ....nn import Adam, FlatBuffer, mlp_model
 
 NAME = "zero2_step"
 # loss_and_backward (ringlab.data_parallel.buckets) is the tool for a timed backward.
-ALLOWED_REFERENCES = ("collectives", "data_parallel/sync_sgd", "data_parallel/buckets")
+USES = ("collectives", "sync_sgd_step", "bucketed_grad_sync")
 NETWORK = (1e-6, 1e-9)
 FLOPS = 1e6          # a layer's backward: ~0.1-1 ms; a ring message: ~1-2 us
 

@@ -48,7 +48,7 @@ from .zero1_step import SLACK
 from ....nn import Adam, FlatBuffer, mlp_model
 
 NAME = "zero3_step"
-ALLOWED_REFERENCES = ("collectives", "data_parallel/sync_sgd")
+USES = ("collectives", "sync_sgd_step")
 STATE = "the state you were handed stays ZeRO-3's"
 # Peak bound: this many full units (parameters, gradient, a collective's buffers),
 # plus the activations, plus slack for Python's own objects. Right programs peak
