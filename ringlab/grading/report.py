@@ -26,6 +26,9 @@ from . import deadlock
 # grading (``ringlab grade``), ``ringlab.grading.isolated.runner()``, one process
 # per rank. Graders call ``run_case``/``active_runner()`` and never need to know.
 _RUNNER = contextvars.ContextVar("ringlab_runner", default=None)
+# The case whose first run the causality check repeats (see causality.py): a list
+# that run_case fills with that run's (program, inputs, args, timeout).
+_FIRST_RUN = contextvars.ContextVar("ringlab_first_run", default=None)
 
 
 def active_runner():
@@ -135,6 +138,9 @@ def run_case(program, case, backend="sim", **kw):
     changed in place."""
     inputs = copy.deepcopy(case.inputs)   # a program may modify its input in place
     kw.setdefault("record_payloads", True)     # the content checks read what messages carried
+    first = _FIRST_RUN.get()
+    if first is not None and not first and backend == "sim" and not kw.get("network"):
+        first.append((program, copy.deepcopy(case.inputs), case.args, kw.get("timeout", 10.0)))
     try:
         result = active_runner()(program, inputs, args=case.args, timeout=kw.pop("timeout", 10.0),
                                  backend=backend, **kw)
@@ -227,9 +233,17 @@ def _grade_cases(exercise_id, module, program, seed, backend):
     cases = list(module.cases(np.random.default_rng(seed)))
     sizes = tuple(sorted({c.world_size for c in cases}))
     report = Report(exercise_id, False, seed, 0, len(cases), sizes, backend=backend)
+    causal = _causality_case(cases)
     try:
         for case in cases:
-            failure = module.check(program, case, backend)
+            first = []
+            token = _FIRST_RUN.set(first if case is causal else None)
+            try:
+                failure = module.check(program, case, backend)
+            finally:
+                _FIRST_RUN.reset(token)
+            if failure is None and first:
+                failure = _causality(case, *first[0])
             if failure is not None:
                 report.failure = failure
                 return report
@@ -239,3 +253,28 @@ def _grade_cases(exercise_id, module, program, seed, backend):
         return report
     report.passed = True
     return report
+
+
+def _causality_case(cases):
+    """The case the causality check repeats: the first of 3 to 8 ranks that
+    measures no memory (its runs are the cheapest that can show a message
+    arriving from a rank not yet heard from), else the first of 2 or more."""
+    fits = [c for c in cases if 3 <= c.world_size <= 8 and not c.info.get("measure")]
+    return (fits or [c for c in cases if c.world_size >= 2] or [None])[0]
+
+
+def _causality(case, program, inputs, args, timeout):
+    from .causality import violation
+    try:
+        what = violation(program, inputs, args, timeout)
+    except Exception:  # noqa: BLE001 - the case itself passed; a failing repeat proves nothing
+        return None
+    if what is None:
+        return None
+    return Failure(case.label, "every message carries only what its sender knew", what,
+                   expected="each rank's messages computed from its own input and the "
+                            "messages it has received",
+                   hint="Ranks share data only through messages: no module-level or global "
+                        "state, no files, no reading other ranks' objects. A message can hold "
+                        "a rank's contribution only after that contribution has reached the "
+                        "sender.")
