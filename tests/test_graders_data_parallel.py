@@ -279,7 +279,8 @@ def _variant(**change):
                 names, size = [], 0
             names.append(name)
             size += params[name].nbytes
-            if change.get("per_param") or (not change.get("strict_cap") and size >= cap_bytes):
+            full = size > cap_bytes if change.get("over_cap") else size >= cap_bytes
+            if change.get("per_param") or (not change.get("strict_cap") and full):
                 buckets.append(names)
                 names, size = [], 0
         if names:
@@ -356,6 +357,17 @@ def test_bucketed_grad_sync_rejects(change, check, words):
     assert not report.passed and report.failure.check == check, str(report)
     for w in words:
         assert w in str(report), (w, str(report))
+
+
+def test_a_bucket_cap_compared_with_greater_than_fails_on_every_seed():
+    """size > cap_bytes instead of >=: differs only where a bucket lands exactly on the
+    cap, which the hidden "mid" caps always make happen (they were 1/3.5 of the model,
+    and the mistake passed on about half the seeds)."""
+    for seed in range(8):
+        report = ringlab.grade("bucketed_grad_sync", _variant(over_cap=True), seed=seed, log=False)
+        assert report.failure.check == "buckets: reverse layer order, closed at the cap", report
+        assert "a bucket that holds exactly cap_bytes" in str(report)
+        assert "compared with > instead of >=" in str(report), report
 
 
 def test_bucketed_grad_sync_rejects_the_flat_sync_after_backward():

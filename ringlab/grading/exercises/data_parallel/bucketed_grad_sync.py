@@ -15,8 +15,9 @@ it holds ``cap_bytes`` or more. Each bucket is AllReduced with
 ``comm.start(ringlab.collectives.ring_allreduce, ...)`` as soon as its last
 gradient is ready, buckets in order.
 
-Checks, world sizes 2 to 8, hidden layer sizes and caps, on a network where an
-AllReduce is much shorter than a layer's backward:
+Checks, world sizes 2 to 8, hidden layer sizes and caps (some exactly the bytes
+of the last few tensors, so that a bucket lands on the cap), on a network where
+an AllReduce is much shorter than a layer's backward:
 
 1. it runs: no exception, deadlock or unreceived message;
 2. it returns a dict with every parameter's name and shape;
@@ -63,7 +64,11 @@ def cases(rng):
         for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
             shapes += [(f"{i}.weight", (a, b)), (f"{i}.bias", (b,))]
         nbytes = [8 * int(np.prod(s)) for _, s in shapes]
-        cap = {"tiny": 8, "small": min(nbytes[2:]) + 8, "mid": int(sum(nbytes) // 3.5),
+        # "mid": the bytes of the last few tensors exactly, about 1/3.5 of the model, so
+        # that the first bucket lands on the cap: closing at > instead of >= fails.
+        walk = np.cumsum(nbytes[::-1])
+        mid = int(walk[np.searchsorted(walk, sum(nbytes) / 3.5)])
+        cap = {"tiny": 8, "small": min(nbytes[2:]) + 8, "mid": mid,
                "large": 10 * sum(nbytes)}[cap_kind]
         seconds = [float(t) for t in rng.choice([1e-3, 2e-3, 3e-3], size=layers)]
         inputs = []
@@ -226,6 +231,11 @@ def _buckets(trace, case):
         fail.what += ": the buckets were filled in forward order"
         fail.hint = ("Backward makes the last layer's gradients first: fill buckets walking the "
                      "parameters in reverse (reversed(list(params))).")
+    elif got_sizes == _over_cap_sizes(params, info["cap"]):
+        fail.what += (f": a bucket that holds exactly cap_bytes ({info['cap']} bytes) was kept open, "
+                      f"as if the size were compared with > instead of >=")
+        fail.hint = ("Close a bucket as soon as the bytes in it reach cap_bytes: size >= "
+                     "cap_bytes, as torch's compute_bucket_assignment_by_size does.")
     elif len(calls) == len(params):
         fail.what += ": one AllReduce per parameter"
         fail.hint = "Pack parameters into a bucket until it holds cap_bytes or more."
@@ -238,6 +248,18 @@ def _buckets(trace, case):
     else:
         fail.hint = "Every gradient must be AllReduced exactly once, in exactly one bucket."
     return fail
+
+
+def _over_cap_sizes(params, cap):
+    """The bucket sizes (elements) of the mistake that closes a bucket only past the
+    cap (size > cap_bytes)."""
+    sizes, size = [], 0
+    for name in reversed(list(params)):
+        size += params[name].nbytes
+        if size > cap:
+            sizes.append(size // 8)
+            size = 0
+    return sizes + ([size // 8] if size else [])
 
 
 def _overlap(trace, case):
