@@ -453,6 +453,32 @@ def ddp_reads_future_gradients(comm, params, backward, cap_bytes):
     return out
 
 
+def ddp_skips_backward(comm, params, backward, cap_bytes, layers=0):
+    """Found by a red team: the gradients read from the backward generator's frame,
+    and backward never run (``layers``: run only that many layers' backward)."""
+    every = backward.gi_frame.f_locals["grads"]
+    for _ in range(layers):
+        next(backward)
+    out = {}
+    for b in assign_buckets(params, cap_bytes):
+        flat = comm.start(ring_allreduce, np.concatenate([every[n].ravel() for n in b])).wait()
+        flat, offset = flat / comm.world_size, 0
+        for n in b:
+            out[n] = flat[offset:offset + params[n].size].reshape(params[n].shape)
+            offset += params[n].size
+    return out
+
+
+@pytest.mark.parametrize("layers, words", [
+    (0, "rank 0 ran the backward of 0 of the 5 layers: none"),
+    (2, "rank 0 ran the backward of 2 of the 5 layers: layers 4 and 3; not layers 2, 1 and 0")])
+def test_a_program_that_skips_backward_fails_and_does_not_crash_the_grader(layers, words):
+    import functools
+    report = grade("bucketed_grad_sync", functools.partial(ddp_skips_backward, layers=layers))
+    assert not report.passed and report.failure.check == "backward runs, every layer", report
+    assert words in str(report) and "next(backward)" in str(report), report
+
+
 def test_a_bucket_cannot_start_before_its_gradients_exist():
     report = grade("bucketed_grad_sync", ddp_reads_future_gradients)
     assert not report.passed and report.failure.check == "buckets start when their gradients are ready"

@@ -20,7 +20,8 @@ of the last few tensors, so that a bucket lands on the cap), on a network where
 an AllReduce is much shorter than a layer's backward:
 
 1. it runs: no exception, deadlock or unreceived message;
-2. it returns a dict with every parameter's name and shape;
+2. it returns a dict with every parameter's name and shape, and backward ran
+   on every rank, every layer (gradients taken without it are not real);
 3. the averaged gradients are exact on every rank (the hidden gradients are
    whole multiples of P, so every summation order gives the same numbers);
    diagnosed: no communication, summed not averaged, averaged twice, a bucket
@@ -111,7 +112,10 @@ def check(program, case, backend="sim"):
     result, failure = run_case(run, case, backend, **kw)
     if failure:
         return failure
-    failure = _returned(result.outputs, case) or _values(result, case)
+    # Backward first: gradients that are right without it came from somewhere else.
+    failure = (_returned(result.outputs, case)
+               or (_backward_ran(result.trace, case) if backend == "sim" else None)
+               or _values(result, case))
     if failure or backend != "sim":
         return failure
     return (_stream(result.trace, case) or _buckets(result.trace, case)
@@ -148,6 +152,32 @@ def _returned(outputs, case):
                                expected=f"a numpy array of shape {shape}",
                                got=f"{type(value).__name__} of shape {np.shape(value)}",
                                hint="Unpack every bucket back into its parameters' shapes.")
+    return None
+
+
+def _layers(layers):
+    return f"layer {layers[0]}" if len(layers) == 1 else (
+        "layers " + ", ".join(map(str, layers[:-1])) + f" and {layers[-1]}")
+
+
+def _backward_ran(trace, case):
+    """Every rank ran every layer's backward (the hidden iterator's compute events):
+    a program that skips it, or stops early, has no real gradients to sync."""
+    layers = len(case.info["seconds"])
+    for r in range(case.world_size):
+        ran = [c.get("layer") for c in trace.computes
+               if c.rank == r and c.label == "backward" and not c.stream]
+        if len(ran) < layers:
+            missing = [i for i in reversed(range(layers)) if i not in ran]
+            return Failure(case.label, "backward runs, every layer",
+                           f"rank {r} ran the backward of {len(ran)} of the {layers} layers: "
+                           + (f"{_layers(ran)}; not {_layers(missing)}" if ran else "none"),
+                           expected=f"{layers} layers' backward on every rank, layer "
+                                    f"{layers - 1} first: every next(backward), to the end",
+                           got=f"{len(ran)} layers",
+                           hint="Loop over the backward iterator to its end (for ready in "
+                                "backward: ...): each next(backward) computes one layer's "
+                                "gradients; a gradient is real only once it has run.")
     return None
 
 
