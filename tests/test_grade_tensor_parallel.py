@@ -323,7 +323,7 @@ def attention(ar=flat_ring, *, fwd_ar=None, heads="block", check_heads=True,
 
     def tp_attention(comm, x, qkv_weight, qkv_bias, proj_weight, proj_bias, n_heads):
         t, r = comm.world_size, comm.rank
-        if check_heads and n_heads % t:
+        if check_heads and n_heads % t and (check_heads != "rank0" or r == 0):
             raise ValueError(f"t={t} does not divide n_heads={n_heads}")
         h = x.shape[-1]
         hd = h // n_heads
@@ -378,6 +378,14 @@ ATTENTION_WRONG = [
     (attention(heads="strided"), 'grads["qkv.weight"] equals', ["your heads are not block r"]),
     (attention(heads="uneven", check_heads=False), "raises ValueError when t does not divide",
      ["ValueError on every rank", "naming"]),
+    # only rank 0 checks: the others run on into the AllReduce and wait for it
+    (attention(check_heads="rank0"), "raises ValueError when t does not divide",
+     ["rank 0 raised ValueError as required; rank 1 did not", "every rank must raise it",
+      "went on past the check and failed there with ValueError: cannot reshape",
+      "one rank's exception does not stop the others"]),
+    (attention(check_heads="rank0", heads="uneven"), "raises ValueError when t does not divide",
+     ["rank 0 raised ValueError as required; ranks 1 and 2 did not",
+      "wait for ranks that left", "rank 1: waits in recv"]),
     (attention(bias_where="every"), "y equals", ["counts t times"]),
     (attention(no_reduce, fwd_ar=flat_ring), "dx equals", ["no AllReduce in backward"]),
     (attention(fwd_ar=no_reduce), "y equals", ["no AllReduce in forward"]),
@@ -409,7 +417,10 @@ def test_a_value_error_that_does_not_name_both_numbers_fails():
             raise ValueError("bad split")
         return attention()(comm, x, *w)
     report = grade("tp_attention", vague)
-    assert not report.passed and report.failure.check == "the program runs without error", report
+    assert not report.passed, report
+    assert report.failure.check == "raises ValueError when t does not divide n_heads", report
+    assert "rank 0 raised ValueError ('bad split'), whose message does not name 3 and 4" in str(
+        report), report
 
 
 # ----------------------------------------------------------------------------- shared

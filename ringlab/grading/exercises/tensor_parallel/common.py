@@ -45,7 +45,7 @@ import numpy as np
 from ...guard import without_frames
 from ...report import Case, Failure, numbers, plain_array, run_case
 from ..data_parallel import callable_learner
-from ....errors import RankError
+from ....errors import DeadlockError, RankError
 from ....nn import Linear
 
 TOL = 1e-10
@@ -149,24 +149,39 @@ def block(n, t, r):
 
 # ----------------------------------------------------------------------- driver
 
-def drive(comm, inp, mesh, grad_names, learner):
+RAISED = "raised"     # what a rank that raised the case's required error returns (as bytes)
+RAISED_SPAN = "tp-grader.raised"     # and the span it opens: seen in a failed run's trace too
+
+
+def drive(comm, inp, mesh, grad_names, learner, raises=None):
     """What every rank runs: forward (in the grader's span), then backward.
 
     Returns [status, y, dx, grads in ``grad_names`` order]; status is an empty
     array, or a message (uint8 bytes) when the program returned the wrong kind
-    of thing, so that the grader can say so without a traceback of this code."""
+    of thing, so that the grader can say so without a traceback of this code.
+    ``raises``: (exception type, words) of a case that must fail; a rank that
+    raises it returns [b"raised\\0TYPE\\0MESSAGE" as uint8, an empty array], so
+    that the grader learns which ranks raised it, not only the first."""
     from ....mesh import DeviceMesh
     learner = callable_learner(learner)
     tp = comm if mesh is None else DeviceMesh(comm, mesh, ("dp", "tp")).group("tp")
     args, dy = inp
-    with comm.span(FORWARD):
-        out = learner(tp, *args)
-    if not (isinstance(out, tuple) and len(out) == 2 and callable(out[1])):
-        return _problem(f"the function returned {_kind(out)}; it must return a tuple "
-                        f"(y, backward), backward a function of dy")
-    y = out[0].copy() if type(out[0]) is np.ndarray else out[0]   # backward may reuse y's memory
-    with comm.span(BACKWARD):
-        back = out[1](dy)
+    try:
+        with comm.span(FORWARD):
+            out = learner(tp, *args)
+        if not (isinstance(out, tuple) and len(out) == 2 and callable(out[1])):
+            return _problem(f"the function returned {_kind(out)}; it must return a tuple "
+                            f"(y, backward), backward a function of dy")
+        y = out[0].copy() if type(out[0]) is np.ndarray else out[0]   # backward may reuse y
+        with comm.span(BACKWARD):
+            back = out[1](dy)
+    except Exception as exc:
+        if raises is None or not _is_required(exc, *raises):
+            raise
+        with comm.span(RAISED_SPAN):
+            pass
+        text = "\0".join([RAISED, type(exc).__name__, str(exc)[:300]])
+        return [np.frombuffer(text.encode(), dtype=np.uint8).copy(), np.zeros(0)]
     if not (isinstance(back, tuple) and len(back) == 2 and isinstance(back[1], dict)):
         return _problem(f"backward(dy) returned {_kind(back)}; it must return a tuple "
                         f"(dx, grads), grads a dict {{name: gradient}}")
@@ -196,32 +211,92 @@ def _kind(value):
 # ------------------------------------------------------------------------ check
 
 def check(program, case, backend, layer):
-    run = functools.partial(drive, learner=program)
-    result, failure = run_case(run, case, backend)
     want_error = case.info["groups"][0].error
+    run = functools.partial(drive, learner=program,
+                            raises=None if want_error is None else tuple(want_error[:2]))
+    result, failure = run_case(run, case, backend)
+    if want_error is not None:
+        return _raised_everywhere(result, failure, case, want_error, layer)
     if failure:
-        if want_error is not None and _raised(failure, want_error):
-            return None
         failure.got = _without_our_frames(failure.got)
         return failure
-    if want_error is not None:
-        kind, words, why = want_error
-        return Failure(case.label, f"raises {kind.__name__} when {why}",
-                       f"the program ran without raising {kind.__name__}",
-                       expected=f"{kind.__name__} on every rank, its message naming "
-                                f"{' and '.join(words)}",
-                       got="no error", hint=layer.ERROR_HINT)
     return (_returned(result, case, layer) or _values(result, case, layer)
             or _messages(result, case, layer))
 
 
-def _raised(failure, want):
-    kind, words, _ = want
+def _is_required(exc, kind, words):
+    text = str(exc)
+    return isinstance(exc, kind) and all(
+        re.search(rf"(?<!\d){re.escape(w)}(?!\d)", text) for w in words)
+
+
+def _ranks(rs):
+    rs = list(rs)
+    return f"rank {rs[0]}" if len(rs) == 1 else (
+        "ranks " + ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}")
+
+
+def _raised_of(out):
+    """(type name, message) of a rank's output that says it raised the required error."""
+    if (isinstance(out, (list, tuple)) and len(out) == 2 and isinstance(out[0], np.ndarray)
+            and out[0].dtype == np.uint8 and isinstance(out[1], np.ndarray) and not out[1].size):
+        parts = out[0].tobytes().decode(errors="replace").split("\0")
+        if len(parts) == 3 and parts[0] == RAISED:
+            return parts[1], parts[2]
+    return None
+
+
+def _raised_everywhere(result, failure, case, want, layer):
+    """A case whose layer cannot be built: every rank raises the error (each rank is
+    its own process, and one rank's exception does not stop the others). Which
+    ranks raised it: their outputs, or in a failed run the span each opened."""
+    kind, words, why = want
+    n = case.world_size
+    check = f"raises {kind.__name__} when {why}"
+    expected = f"{kind.__name__} on every rank, its message naming {' and '.join(words)}"
+    hint = (f"{layer.ERROR_HINT} Every rank must raise it, before any communication: one "
+            f"rank's exception does not stop the others.")
+    if failure is None:
+        said = [_raised_of(out) for out in result.outputs]
+        raised = [g for g, x in enumerate(said) if x is not None]
+        if len(raised) == n:
+            return None
+        if not raised:
+            return Failure(case.label, check, f"the program ran without raising {kind.__name__}",
+                           expected=expected, got="no error", hint=layer.ERROR_HINT)
+        others = [g for g in range(n) if g not in raised]
+        return Failure(case.label, check,
+                       f"{_ranks(raised)} raised {kind.__name__} "
+                       f"({said[raised[0]][1]!r}), {_ranks(others)} did not: every "
+                       f"rank must raise it", expected=expected,
+                       got=f"{_ranks(others)} returned without an error", hint=hint)
     err = failure.error
-    if not (isinstance(err, RankError) and isinstance(err.exc, kind)):
-        return False
-    text = str(err.exc)
-    return all(re.search(rf"(?<!\d){re.escape(w)}(?!\d)", text) for w in words)
+    trace = getattr(err, "trace", None)
+    raised = sorted({s.rank for s in getattr(trace, "spans", ()) if s.path == RAISED_SPAN})
+    done = f"{_ranks(raised)} raised {kind.__name__} as required; " if raised else ""
+    if isinstance(err, DeadlockError):       # the ranks that raised left; the others wait
+        waiting = sorted(err.waiting)
+        return Failure(case.label, check,
+                       f"{done}{_ranks(waiting)} did not: every rank must raise it, but "
+                       f"{_ranks(waiting)} went on past the check and wait for ranks that left:\n"
+                       + "\n".join(f"  rank {r}: {w}" for r, w in sorted(err.waiting.items())),
+                       expected=expected, got=f"{_ranks(waiting)} raised nothing",
+                       hint=hint, error=err)
+    if isinstance(err, RankError):
+        failure.got = _without_our_frames(failure.got)
+        name = type(err.exc).__name__
+        if raised:
+            what = (f"{done}rank {err.rank} did not: every rank must raise it, but rank "
+                    f"{err.rank} went on past the check and failed there with {name}: "
+                    f"{str(err.exc)[:200]}")
+        elif isinstance(err.exc, kind):
+            what = (f"rank {err.rank} raised {name} ({str(err.exc)[:200]!r}), whose message "
+                    f"does not name {' and '.join(words)}")
+        else:
+            what = f"rank {err.rank} raised {name}, not {kind.__name__}: {str(err.exc)[:200]}"
+        return Failure(case.label, check, what, expected=expected, got=failure.got,
+                       hint=hint, error=err)
+    return failure
 
 
 def _without_our_frames(text):

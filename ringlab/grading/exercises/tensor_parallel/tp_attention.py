@@ -13,7 +13,8 @@ naming both numbers.
 
 Checks (see ``common.py``), t = 1 to 4, b and s not multiples of t, tp groups
 of 2x2 and 2x3 meshes, and one case where t does not divide the heads: it
-runs (or raises that ValueError); shapes; values equal
+runs (or raises that ValueError, on every rank: a rank that goes on past the
+check, and waits or fails, is named); shapes; values equal
 ``CausalSelfAttention``'s (relative error 1e-10), with the usual mistakes
 diagnosed (qkv split as one contiguous block, heads not block r, no AllReduce
 in a pass, f and g swapped, the bias counted t times); the messages of each
