@@ -230,7 +230,7 @@ def test_row_parallel_linear_rejects(fn, check, words):
 
 # ------------------------------------------------------------------------- Megatron MLP
 def mlp(ar=flat_ring, *, fwd_ar=None, bias_where="after", swapped=False, strided=False,
-        gather_h=False, approximate="tanh", boom=False):
+        gather_h=False, approximate="tanh", boom=False, bad_derivative=False):
     fwd_ar = fwd_ar or ar
 
     def megatron_mlp(comm, x, fc_weight, fc_bias, proj_weight, proj_bias):
@@ -259,6 +259,8 @@ def mlp(ar=flat_ring, *, fwd_ar=None, bias_where="after", swapped=False, strided
         def backward(dy):
             dyin = flat_ring(comm, dy) if swapped else dy
             du = act.backward(dyin @ B.T)
+            if bad_derivative:      # GeLU's derivative taken as 1: a wrong local backward
+                du = dyin @ B.T
             dx = du @ A.T if swapped else ar(comm, du @ A.T)
             return dx, {"fc.weight": rows2(x).T @ rows2(du), "fc.bias": rows2(du).sum(0),
                         "proj.weight": rows2(h).T @ rows2(dy), "proj.bias": rows2(dy).sum(0)}
@@ -294,12 +296,26 @@ MLP_WRONG = [
     (mlp(lambda c, a: flat_ring(c, flat_ring(c, a)), fwd_ar=flat_ring), "dx equals", ["dX all-reduced twice", "f)"]),
     (mlp(twice_then_divide, fwd_ar=flat_ring), "backward communication", ["twice"]),
     (mlp(approximate="none"), "y equals", ["exact (erf) GeLU"]),
+    # a wrong local derivative before a right AllReduce: not told to AllReduce (f)
+    (mlp(bad_derivative=True), "dx equals", [
+        "the AllReduce is right (every rank ends with the same dx, and your backward moved "
+        "exactly one AllReduce's 960 bytes)", "rank 0's first message, sent before it received "
+        "anything, holds values that are not its part of it", "The local backward before the "
+        "AllReduce is wrong", "dU = dH * GeLU'(U)"]),
     (mlp(strided=True), 'grads["fc.weight"] equals', ["every t-th hidden unit"]),
     (mlp(gather_h=True), "forward communication", ["your hidden activations",
                                                    "AllGather of the hidden activations"]),
     (mlp(zeros_for_show), "forward communication", ["zeros"]),
     (mlp(boom=True), "runs without error", ["rank 1 raised ValueError", "boom"]),
 ]
+
+
+def test_a_wrong_local_derivative_is_not_told_to_all_reduce():
+    """Values are read before messages: a dX that is wrong because of the local backward
+    once got the hint of a missing AllReduce ("AllReduce it once (Megatron's f)")."""
+    text = str(grade("megatron_mlp", mlp(bad_derivative=True)))
+    assert "The local backward before the AllReduce is wrong" in text, text
+    assert "Megatron's f" not in text and "AllReduce it once" not in text, text
 
 
 @pytest.mark.parametrize("fn", MLP_RIGHT)

@@ -365,6 +365,9 @@ def _values(result, case, layer):
             if close(got, want):
                 continue
             what, hint = _diagnose(ex, key, r, got, want, t, layer)
+            if not what:      # no known mistake: is it the AllReduce, or what it sums?
+                what, hint = _right_allreduce_wrong_operand(result, case, layer, key, d) or (
+                    what, hint)
             return Failure(
                 case.label, f"{_name(key)} equals the unsharded layer's",
                 f"{who(case, g)}: {_name(key)} differs from the unsharded ringlab.nn layer's "
@@ -392,6 +395,57 @@ def _diagnose(ex, key, r, got, want, t, layer):
             return (f"it is rank {q}'s block, not this rank's: rank r owns block r",
                     layer.HINTS.get(key))
     return "", layer.HINTS.get(key)
+
+
+def _right_allreduce_wrong_operand(result, case, layer, key, d):
+    """(what, hint) when the pass that makes ``key`` (y: forward, dx: backward) did
+    its AllReduce right (every rank of group ``d`` ends with the same value, and
+    the pass moved exactly one AllReduce's bytes) but a rank's first message,
+    sent before it received anything, is not its own part of the operand: the
+    local computation before the AllReduce is wrong, not the AllReduce (whose
+    mistakes, a chunk in the wrong slot, show only in later messages). Else None."""
+    pname = {"y": "forward", "dx": "backward"}.get(key)
+    t = case.info["t"]
+    ex = case.info["groups"][d]
+    p = ex.passes.get(pname)
+    local = getattr(layer, "LOCAL", {}).get(key)
+    if p is None or local is None:
+        return None
+    what = "backward" if key == "dx" else "forward"
+    if t == 1:
+        return (f"with t = 1 nothing is communicated: your {what} itself computes it wrong",
+                local)
+    if p.allreduces != 1:
+        return None
+    members = range(d * t, (d + 1) * t)
+    i = list(ex.outputs[0]).index(key)
+    values = [result.outputs[g][1 + i] for g in members]
+    events = [e for e in result.trace if e.src in members and _pass_of(e) == pname]
+    n = p.alternatives[0][0].size
+    want_bytes = 2 * (t - 1) * n * 8
+    if (sum(e.nbytes for e in events) != want_bytes or result.payloads is None
+            or not all(close(v, values[0]) for v in values[1:])):
+        return None
+    lookup = _Lookup(p, t)
+    for r, g in enumerate(members):
+        # A rank's first message, sent before it received anything in the pass, can hold
+        # only its own operand: if it does not, the operand is wrong, not the AllReduce.
+        sent = [e for e in events if e.src == g]
+        got = [e.step for e in events if e.dst == g]
+        if not sent:
+            continue
+        e = min(sent, key=lambda e: e.step)
+        pay = result.payload(e)
+        if got and e.step > min(got) or not (type(pay) is np.ndarray
+                                             and pay.dtype == np.float64):
+            continue
+        if any(x is None or x[0] != SUM or x[1] != (r,) for x in lookup.read(pay)):
+            return (f"the AllReduce is right (every rank ends with the same {_name(key)}, and "
+                    f"your {pname} moved exactly one AllReduce's {want_bytes} bytes), but what "
+                    f"it sums is not {p.operand}: rank {e.src}'s first message, sent before "
+                    f"it received anything, holds values that are not its part of it. The "
+                    f"local {what} before the AllReduce is wrong.", local)
+    return None
 
 
 # --------------------------------------------------------------------- messages
