@@ -106,7 +106,7 @@ def _names(work):
 
 def stage_recompute(comm, work, *, blocking=False, wrong_neighbour=False, zero_each_b=False,
                     unweighted=False, scale=1.0, shared_module=False, zeros=None, twice=False,
-                    hide_grads=None, own_order=False, one_tag=False):
+                    hide_grads=None, own_order=False, one_tag=False, float32=False):
     """Right (with the defaults): keeps each microbatch's input and runs the forward
     again just before its backward (the layers remember only their last input);
     isends, waited for at the end; W does nothing (B did the whole backward).
@@ -154,7 +154,7 @@ def stage_recompute(comm, work, *, blocking=False, wrong_neighbour=False, zero_e
             to = None
         if to is not None:
             dst = to[1] + (2 if wrong_neighbour and a.kind == "B" else 0)
-            payload = out
+            payload = out.astype(np.float32) if float32 else out    # half the bytes on the wire
             if zeros is not None:                 # the data through memory, zeros for show
                 zeros[a.kind, a.mb, a.stage] = out
                 payload = np.zeros_like(out)

@@ -71,6 +71,11 @@ STAGE_WRONG = [
     (functools.partial(P.stage_recompute, twice=True),
      "each activation and gradient sent once, to its neighbour",
      ["the activation of microbatch 0 from stage 0 to stage 1 was sent 2 times"]),
+    # float32 on the wire: the gradients are off by ~1e-8, not a stale activation
+    (functools.partial(P.stage_recompute, float32=True),
+     "activations and gradients travel as float64",
+     ["rank 0 sent rank 1 a float32 message", "float32 rounds the values on the way",
+      "no astype on the way"]),
     # tag 0 everywhere: a receive takes another message of the same tag (it crashes in
     # the layer's matmul or gets wrong gradients; the report names the tags, not that)
     (functools.partial(P.stage_recompute, one_tag=True), "each message has a tag of its own",

@@ -31,7 +31,11 @@ an ``AlphaBeta`` network. The checks, in order:
    waits for whom; two neighbours each blocked in a send to the other get a
    hint about isend and the order of sends and receives);
 2. "returns its gradients": a dict with exactly this rank's names, arrays of
-   the parameters' shapes;
+   the parameters' shapes; then, as they would make the gradients wrong,
+   "each message has a tag of its own" (a receive that took another message
+   of its tag, in the case where a rank takes its neighbour's messages out of
+   send order; also when that made the run fail) and "activations and
+   gradients travel as float64" (float32 on the wire rounds the gradients);
 3. "gradients equal the unpipelined model's" (relative error 1e-9): only one
    microbatch's gradient, gradients not scaled by rows / batch_rows, or
    scaled by some other factor, are named;
@@ -259,8 +263,8 @@ def check(program, case, backend="sim"):
         return _explain(failure, case)
     # The tags before the values: a receive that took another message's data makes the
     # gradients wrong (or crashes), and it is the tags that say why.
-    return (_returned(result, case) or _tags(result.trace, case) or _gradients(result, case)
-            or _messages(result, case))
+    return (_returned(result, case) or _tags(result.trace, case) or _wire(result, case)
+            or _gradients(result, case) or _messages(result, case))
 
 
 def without_our_frames(text):
@@ -391,6 +395,28 @@ def _returned(result, case):
     return None
 
 
+def _wire(result, case):
+    """Every message a float64 array: before the gradients, which a message rounded to
+    float32 on the way makes wrong by about 1e-7 (not a stale activation)."""
+    for e in result.trace:
+        pay = result.payload(e) if result.payloads is not None else None
+        if pay is None or (type(pay) is np.ndarray and pay.dtype == np.float64):
+            continue
+        kind = getattr(pay, "dtype", type(pay).__name__)
+        return Failure(case.label, "activations and gradients travel as float64",
+                       f"rank {e.src} sent rank {e.dst} a {kind} message (tag {e.tag}): "
+                       + (f"{kind} rounds the values on the way, so the gradients come out "
+                          f"wrong by about {np.finfo(pay.dtype).eps:.0e} of their size"
+                          if isinstance(pay, np.ndarray) and pay.dtype.kind == "f" else
+                          "not an array of the activations or gradients"),
+                       expected="float64 activations and gradients, as the layers make them",
+                       got=repr(pay)[:100] if not isinstance(pay, np.ndarray)
+                       else f"dtype {pay.dtype}, shape {pay.shape}",
+                       hint="Send the arrays the layers return as they are: no astype on the "
+                            "way (the grader compares with the float64 model to 1e-9).")
+    return None
+
+
 def _close(got, want, tol=TOL):
     scale = np.abs(want).max(initial=0.0)
     return (got.shape == want.shape and bool(np.all(np.isfinite(got)))
@@ -465,11 +491,6 @@ def _messages(result, case):
     count, sent = dict.fromkeys(keys, 0), {}
     for e in result.trace:
         pay = result.payload(e) if result.payloads is not None else None
-        if not (type(pay) is np.ndarray and pay.dtype == np.float64):
-            return Failure(case.label, "each activation and gradient sent once, to its neighbour",
-                           f"rank {e.src} sent rank {e.dst} a "
-                           f"{getattr(pay, 'dtype', type(pay).__name__)} message",
-                           expected="float64 activations and gradients", got=repr(pay)[:100])
         match = next((k for k in keys if want[k].shape == pay.shape and _close(pay, want[k])),
                      None)
         if match is None:
