@@ -296,6 +296,8 @@ MLP_WRONG = [
     (mlp(lambda c, a: flat_ring(c, flat_ring(c, a)), fwd_ar=flat_ring), "dx equals", ["dX all-reduced twice", "f)"]),
     (mlp(twice_then_divide, fwd_ar=flat_ring), "backward communication", ["twice"]),
     (mlp(approximate="none"), "y equals", ["exact (erf) GeLU"]),
+    (mlp(lambda c, a: flat_ring(c, np.asarray(a, dtype=np.float32)).astype(np.float64)),
+     "messages carry float64", ["rank 0 sent rank 1 a float32 message", "no astype"]),
     # a wrong local derivative before a right AllReduce: not told to AllReduce (f)
     (mlp(bad_derivative=True), "dx equals", [
         "the AllReduce is right (every rank ends with the same dx, and your backward moved "

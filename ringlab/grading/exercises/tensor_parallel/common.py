@@ -12,7 +12,8 @@ The checks, in order, on every case:
 1. it runs: no exception, deadlock or unreceived message;
 2. forward returns ``(y, backward)`` and backward ``(dx, grads)`` with every
    gradient named, and every array has its shape;
-3. ``y``, ``dx`` and every gradient equal the unsharded layer's, per rank's
+3. every message is float64 (float32 on the wire rounds the values); then
+   ``y``, ``dx`` and every gradient equal the unsharded layer's, per rank's
    block, to relative error 1e-10; a wrong value is matched against the
    mistakes' formulas to say which one it is;
 4. the messages of each pass (the driver wraps forward and backward in spans
@@ -220,8 +221,8 @@ def check(program, case, backend, layer):
     if failure:
         failure.got = _without_our_frames(failure.got)
         return failure
-    return (_returned(result, case, layer) or _values(result, case, layer)
-            or _messages(result, case, layer))
+    return (_returned(result, case, layer) or _wire(result, case)
+            or _values(result, case, layer) or _messages(result, case, layer))
 
 
 def _is_required(exc, kind, words):
@@ -395,6 +396,23 @@ def _diagnose(ex, key, r, got, want, t, layer):
             return (f"it is rank {q}'s block, not this rank's: rank r owns block r",
                     layer.HINTS.get(key))
     return "", layer.HINTS.get(key)
+
+
+def _wire(result, case):
+    """Every message a float64 array, before the values: an AllReduce in float32 makes
+    them wrong by about 1e-7, which no hint about the AllReduce explains."""
+    for e in result.trace:
+        pay = result.payload(e) if result.payloads is not None else None
+        if isinstance(pay, np.ndarray) and pay.dtype != np.float64:
+            return Failure(case.label, "messages carry float64",
+                           f"{who(case, e.src)} sent {who(case, e.dst)} a {pay.dtype} message "
+                           f"({pay.size} elements): it rounds the values on the way"
+                           + (f", to about {np.finfo(pay.dtype).eps:.0e} of their size"
+                              if pay.dtype.kind == "f" else ""),
+                           expected="float64 messages, like the layer's inputs",
+                           got=f"dtype {pay.dtype}", hint="All-reduce the float64 arrays as they "
+                           "are: no astype on the way (the grader compares to 1e-10).")
+    return None
 
 
 def _right_allreduce_wrong_operand(result, case, layer, key, d):
