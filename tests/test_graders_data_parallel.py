@@ -159,8 +159,9 @@ def test_sync_sgd_step_accepts(fn):
     (sgd_rank0_skips, None, ["skips the sync"]),
     (sgd_gather_data, "one AllReduce of the gradients per step",
      ["something besides the gradients travels", "ring_allgather"]),
-    (sgd_loss_too, "one AllReduce of the gradients per step",
-     ["something besides the gradients travels"]),
+    (sgd_loss_too, "one AllReduce of the gradients per step",      # the loss: 6 x 8 bytes more
+     ["1.03x the bytes of one AllReduce of the gradients per step (144 bytes more, 48 per "
+      "training step)", "something besides the gradients travels", "36 steps"]),
     (sgd_average_params, "every message carries the ranks' gradients", ["real gradients"]),
     (sgd_rank0_gradient, "parameters equal single-process SGD", ["differ"]),
 ])
@@ -174,6 +175,13 @@ def test_sync_sgd_step_rejects(fn, check, words):
         assert report.failure.check in ("no deadlock", "every message sent is received"), text
     for w in words:
         assert w in text, (w, text)
+
+
+def test_a_byte_ratio_near_one_is_not_shown_as_one():
+    from ringlab.grading.checks import ratio
+    assert (ratio(5040, 4896), ratio(4898, 4896), ratio(4896, 4896), ratio(9792, 4896)) == (
+        "1.03", "1.0004", "1", "2")
+    assert ratio(4894, 4896) == "0.9996"
 
 
 def test_accumulation_pitfalls_are_graded():

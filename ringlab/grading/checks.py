@@ -120,6 +120,21 @@ def one_send_one_recv_per_step(trace, case, steps, hint=("In every step all rank
     return None
 
 
+def ratio(got, want):
+    """got / want for a report, with as many digits as it takes not to read as a whole
+    number when it is not one: "1.03", "1.0004", never "1" for 1.02.
+
+    >>> ratio(5040, 4896), ratio(9792, 4896)
+    ('1.03', '2')
+    """
+    r = got / max(want, 1)
+    for digits in range(2, 8):
+        text = f"{r:.{digits}g}"
+        if got == want or float(text) != round(r):
+            return text
+    return f"{r:.8g}"
+
+
 def total_bytes(trace, case, want, *, expected, hint):
     """The trace moves exactly ``want`` bytes in total."""
     if trace.total_bytes != want:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...guard import without_frames
+from ...checks import ratio
 from ...report import Case, Failure, numbers, plain_array, run_case
 from ..data_parallel import callable_learner
 from ....errors import DeadlockError, RankError
@@ -619,12 +620,13 @@ def _pass(result, case, events, pname, p, t, layer, first):
             what = (f"your {pname} moves {int(times)}x the bytes of one AllReduce of "
                     f"{p.operand}: {int(times)} AllReduces of it?")
         elif times > 1:
-            what = (f"your {pname} moves {times:.3g}x the bytes of one bandwidth-optimal "
-                    f"AllReduce of {p.operand} (every rank sending its whole part to every "
-                    f"other rank?)")
+            what = (f"your {pname} moves {ratio(got_bytes, want_bytes)}x the bytes of one "
+                    f"bandwidth-optimal AllReduce of {p.operand} (every rank sending its "
+                    f"whole part to every other rank?)")
         else:
-            what = (f"your {pname} moves only {times:.3g}x the bytes of one AllReduce of "
-                    f"{p.operand}: part of it (a ReduceScatter without its AllGather?)")
+            what = (f"your {pname} moves only {ratio(got_bytes, want_bytes)}x the bytes of "
+                    f"one AllReduce of {p.operand}: part of it (a ReduceScatter without its "
+                    f"AllGather?)")
         return Failure(case.label, f"{pname} communication", what,
                        expected=f"{want_bytes} bytes in the group: one AllReduce of {n} elements "
                                 f"on t = {t} ranks moves 2(t-1) x {n} x 8 bytes (ring_allreduce)",
