@@ -55,6 +55,20 @@ def reduce_broadcast(comm, a):
     return comm.recv(0)
 
 
+def averaging_ring(comm, a):
+    """own_ring that averages: each complete chunk divided by t before the all-gather
+    (a mean AllReduce, same bytes), times t on return (so the values are right)."""
+    n, r = comm.world_size, comm.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    ch = np.array_split(np.array(a, dtype=np.float64).ravel(), n)
+    for k in range(n - 1):
+        ch[(r - k - 1) % n] = ch[(r - k - 1) % n] + comm.sendrecv(ch[(r - k) % n], right, left)
+    ch[(r + 1) % n] = ch[(r + 1) % n] / n
+    for k in range(n - 1):
+        ch[(r - k) % n] = comm.sendrecv(ch[(r + 1 - k) % n], right, left)
+    return n * np.concatenate(ch).reshape(np.shape(a))
+
+
 def twice_then_divide(comm, a):
     """Right values, two AllReduces: the second sums values that are already whole."""
     return flat_ring(comm, flat_ring(comm, a)) / comm.world_size
@@ -211,6 +225,13 @@ ROW_WRONG = [
                                                    "AllGather of X", "one AllReduce"]),
     (row(zeros_for_show), "forward communication", ["zeros"]),
     (row(twice_then_divide), "forward communication", ["twice"]),
+    # a mean AllReduce times t: right values, same bytes, not "stand-ins sent for show"
+    (row(averaging_ring), "forward communication",
+     ["your forward's AllReduce averages", "holds the sum over all the ranks, divided by t = 2",
+      "where the layer needs their sum", "a mean (sum / t) is data parallelism's"]),
+    # a mean AllReduce, not multiplied back: wrong values, named from the messages
+    (row(lambda c, a: averaging_ring(c, a) / c.world_size), "y equals",
+     ["your forward's AllReduce averages", "divided by t = 2", "AllReduce with a sum"]),
 ]
 
 

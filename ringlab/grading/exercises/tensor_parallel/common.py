@@ -367,9 +367,13 @@ def _values(result, case, layer):
             if close(got, want):
                 continue
             what, hint = _diagnose(ex, key, r, got, want, t, layer)
-            if not what:      # no known mistake: is it the AllReduce, or what it sums?
-                what, hint = _right_allreduce_wrong_operand(result, case, layer, key, d) or (
-                    what, hint)
+            if not any(key in m.outputs and close(got, m.outputs[key][r]) for m in ex.mistakes):
+                # No known mistake's formula: do the messages say more? An AllReduce that
+                # averages; or a right AllReduce of a wrong operand (the local pass).
+                what, hint = (_averaging(result, case, key, d)
+                              or (None if what else
+                                  _right_allreduce_wrong_operand(result, case, layer, key, d))
+                              or (what, hint))
             return Failure(
                 case.label, f"{_name(key)} equals the unsharded layer's",
                 f"{who(case, g)}: {_name(key)} differs from the unsharded ringlab.nn layer's "
@@ -389,7 +393,8 @@ def _diagnose(ex, key, r, got, want, t, layer):
         return (f"it is t = {t} times the right value: summed over the ranks where it was "
                 f"already whole (reduced twice?)", layer.HINTS.get(key))
     if t > 1 and close(got, want / t):
-        return f"it is the right value divided by t = {t}", layer.HINTS.get(key)
+        return (f"it is the right value divided by t = {t}: an AllReduce that averages "
+                f"(a mean), where the layer needs the sum?", layer.HINTS.get(key))
     if not np.any(got):
         return "it is all zeros", layer.HINTS.get(key)
     for q, other in enumerate(ex.outputs):
@@ -416,6 +421,38 @@ def _wire(result, case):
     return None
 
 
+def _pass_events(result, case, key, d):
+    """The pass that makes ``key`` (y: forward, dx: backward), its name and group
+    ``d``'s messages in it: (name, Pass, events), or None."""
+    pname = {"y": "forward", "dx": "backward"}.get(key)
+    t = case.info["t"]
+    p = case.info["groups"][d].passes.get(pname)
+    if p is None:
+        return None
+    members = range(d * t, (d + 1) * t)
+    return pname, p, [e for e in result.trace if e.src in members and _pass_of(e) == pname]
+
+
+def _averaging(result, case, key, d):
+    """(what, hint) when a message of the pass that makes ``key`` holds partial sums
+    of its operand divided by t: the AllReduce averages. Else None."""
+    found, t = _pass_events(result, case, key, d), case.info["t"]
+    if found is None or found[1].allreduces != 1 or result.payloads is None:
+        return None
+    pname, p, events = found
+    lookup = _Lookup(p, t)
+    for e in events:
+        pay = result.payload(e)
+        if not (type(pay) is np.ndarray and pay.dtype == np.float64):
+            continue
+        mean = None if all(x is not None for x in lookup.read(pay)) else _averaged(p, t, pay)
+        if mean is not None:
+            return (f"your {pname}'s AllReduce averages: rank {e.src}'s message to rank "
+                    f"{e.dst} holds {mean}, divided by t = {t}: a mean of {p.operand}, where "
+                    f"the layer needs their sum", AVERAGE_HINT)
+    return None
+
+
 def _right_allreduce_wrong_operand(result, case, layer, key, d):
     """(what, hint) when the pass that makes ``key`` (y: forward, dx: backward) did
     its AllReduce right (every rank of group ``d`` ends with the same value, and
@@ -423,23 +460,19 @@ def _right_allreduce_wrong_operand(result, case, layer, key, d):
     sent before it received anything, is not its own part of the operand: the
     local computation before the AllReduce is wrong, not the AllReduce (whose
     mistakes, a chunk in the wrong slot, show only in later messages). Else None."""
-    pname = {"y": "forward", "dx": "backward"}.get(key)
-    t = case.info["t"]
-    ex = case.info["groups"][d]
-    p = ex.passes.get(pname)
+    found, t = _pass_events(result, case, key, d), case.info["t"]
     local = getattr(layer, "LOCAL", {}).get(key)
-    if p is None or local is None:
+    if found is None or local is None:
         return None
-    what = "backward" if key == "dx" else "forward"
+    pname, p, events = found
     if t == 1:
-        return (f"with t = 1 nothing is communicated: your {what} itself computes it wrong",
+        return (f"with t = 1 nothing is communicated: your {pname} itself computes it wrong",
                 local)
     if p.allreduces != 1:
         return None
     members = range(d * t, (d + 1) * t)
-    i = list(ex.outputs[0]).index(key)
+    i = list(case.info["groups"][d].outputs[0]).index(key)
     values = [result.outputs[g][1 + i] for g in members]
-    events = [e for e in result.trace if e.src in members and _pass_of(e) == pname]
     n = p.alternatives[0][0].size
     want_bytes = 2 * (t - 1) * n * 8
     if (sum(e.nbytes for e in events) != want_bytes or result.payloads is None
@@ -463,12 +496,15 @@ def _right_allreduce_wrong_operand(result, case, layer, key, d):
                     f"your {pname} moved exactly one AllReduce's {want_bytes} bytes), but what "
                     f"it sums is not {p.operand}: rank {e.src}'s first message, sent before "
                     f"it received anything, holds values that are not its part of it. The "
-                    f"local {what} before the AllReduce is wrong.", local)
+                    f"local {pname} before the AllReduce is wrong.", local)
     return None
 
 
 # --------------------------------------------------------------------- messages
 
+AVERAGE_HINT = ("AllReduce with a sum and divide by nothing: tensor parallelism adds the "
+                "ranks' parts; a mean (sum / t) is data parallelism's, and multiplying it "
+                "back by t only hides it.")
 SUM, RAW, RESUM = 0, 1, 2      # what an element of a message is (lower: preferred match)
 
 
@@ -588,6 +624,16 @@ def _pass(result, case, events, pname, p, t, layer, first):
                                 f"{getattr(pay, 'dtype', type(pay).__name__)}")
         read = lookup.read(pay)
         if any(x is None for x in read):
+            mean = _averaged(p, t, pay)
+            if mean is not None:
+                return Failure(case.label, f"{pname} communication",
+                               f"your {pname}'s AllReduce averages: rank {e.src}'s message to "
+                               f"rank {e.dst} holds {mean}, divided by t = {t}: a mean of "
+                               f"{p.operand}, where the layer needs their sum",
+                               expected=f"one AllReduce that sums {p.operand} (op SUM): "
+                                        f"partial sums, undivided",
+                               got=f"{pay.size} values: {numbers(pay)}",
+                               hint=AVERAGE_HINT)
             bad = pay.ravel()[[i for i, x in enumerate(read) if x is None]]
             held = "zeros" if not np.any(bad) else f"{bad.size} value(s) that are not"
             return _not_operand(case, pname, p, e, pay, held)
@@ -632,6 +678,20 @@ def _pass(result, case, events, pname, p, t, layer, first):
                                 f"on t = {t} ranks moves 2(t-1) x {n} x 8 bytes (ring_allreduce)",
                        got=f"{got_bytes} bytes in {len(events)} message(s)", hint=p.hint)
     return _heard_all(case, pname, p, t, heard, first)
+
+
+def _averaged(p, t, pay):
+    """Words for a message whose every element is a partial sum of the pass's operand
+    divided by t (an averaging AllReduce's), or None."""
+    if t < 2:
+        return None
+    scaled = Pass(p.allreduces, p.operand, [[a / t for a in alt] for alt in p.alternatives])
+    read = _Lookup(scaled, t).read(pay)
+    if not read or any(x is None or x[0] != SUM for x in read):
+        return None
+    widest = max(len(x[1]) for x in read)
+    return ("the sum over all the ranks" if widest == t
+            else f"partial sums over {widest} rank(s)")
 
 
 def _heard_all(case, pname, p, t, heard, first):
