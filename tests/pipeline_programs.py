@@ -95,8 +95,8 @@ def ofob_late_forward(r, p, m):
 
 # --------------------------------------------------------------------- pipeline_stage
 
-def _tag(kind, mb, from_stage, n):
-    return 2 * (mb * n + from_stage) + (kind == "B")
+def _tag(kind, mb, from_stage, n, one_tag=False):
+    return 0 if one_tag else 2 * (mb * n + from_stage) + (kind == "B")
 
 
 def _names(work):
@@ -106,7 +106,7 @@ def _names(work):
 
 def stage_recompute(comm, work, *, blocking=False, wrong_neighbour=False, zero_each_b=False,
                     unweighted=False, scale=1.0, shared_module=False, zeros=None, twice=False,
-                    hide_grads=None, own_order=False):
+                    hide_grads=None, own_order=False, one_tag=False, float32=False):
     """Right (with the defaults): keeps each microbatch's input and runs the forward
     again just before its backward (the layers remember only their last input);
     isends, waited for at the end; W does nothing (B did the whole backward).
@@ -128,7 +128,7 @@ def stage_recompute(comm, work, *, blocking=False, wrong_neighbour=False, zero_e
             comm.recv(stage_rank(need[1], p), tag=_tag(a.kind, a.mb, need[1], n))  # a token
             got, need = hide_grads[a.mb, need[1]], None        # the data: through memory
         for _ in range(1 + twice if need is not None else 0):
-            got = comm.recv(stage_rank(need[1], p), tag=_tag(a.kind, a.mb, need[1], n))
+            got = comm.recv(stage_rank(need[1], p), tag=_tag(a.kind, a.mb, need[1], n, one_tag))
         if zeros is not None and need is not None:     # the real data, through memory
             got = zeros[a.kind, a.mb, need[1]]
         if a.kind == "F":
@@ -154,16 +154,16 @@ def stage_recompute(comm, work, *, blocking=False, wrong_neighbour=False, zero_e
             to = None
         if to is not None:
             dst = to[1] + (2 if wrong_neighbour and a.kind == "B" else 0)
-            payload = out
+            payload = out.astype(np.float32) if float32 else out    # half the bytes on the wire
             if zeros is not None:                 # the data through memory, zeros for show
                 zeros[a.kind, a.mb, a.stage] = out
                 payload = np.zeros_like(out)
             for _ in range(1 + twice):
                 args = (payload, stage_rank(dst, p))
                 if blocking:
-                    comm.send(*args, tag=_tag(a.kind, a.mb, a.stage, n))
+                    comm.send(*args, tag=_tag(a.kind, a.mb, a.stage, n, one_tag))
                 else:
-                    sent.append(comm.isend(*args, tag=_tag(a.kind, a.mb, a.stage, n)))
+                    sent.append(comm.isend(*args, tag=_tag(a.kind, a.mb, a.stage, n, one_tag)))
     for req in sent:
         req.wait()
     return {k: g * scale for k, g in _names(work).items()}

@@ -71,6 +71,18 @@ STAGE_WRONG = [
     (functools.partial(P.stage_recompute, twice=True),
      "each activation and gradient sent once, to its neighbour",
      ["the activation of microbatch 0 from stage 0 to stage 1 was sent 2 times"]),
+    # float32 on the wire: the gradients are off by ~1e-8, not a stale activation
+    (functools.partial(P.stage_recompute, float32=True),
+     "activations and gradients travel as float64",
+     ["rank 0 sent rank 1 a float32 message", "float32 rounds the values on the way",
+      "no astype on the way"]),
+    # tag 0 everywhere: a receive takes another message of the same tag (it crashes in
+    # the layer's matmul or gets wrong gradients; the report names the tags, not that)
+    (functools.partial(P.stage_recompute, one_tag=True), "each message has a tag of its own",
+     ["interleaved, rank 1 depth-first", "rank 0 sent rank 1 the activation of microbatch 1 "
+      "from stage 0 with tag 0", "rank 1's action 3F0 needs the activation of microbatch 0 "
+      "from stage 2 first", "a receive takes the oldest message of its tag: 3F0 got the "
+      "activation of microbatch 1 from stage 0", "give each message its own tag"]),
 ]
 
 
@@ -117,8 +129,20 @@ def test_pipeline_stage_cases_cover_the_schedules_modes_and_a_network():
     cases = list(g.cases(np.random.default_rng(0)))
     labels = " | ".join(c.label for c in cases)
     for words in ("GPipe", "1F1B, p=4 ranks, m=2", "interleaved 1F1B", "v=2", "ZB-H1",
-                  "rendezvous mode", "AlphaBeta network"):
+                  "rendezvous mode", "AlphaBeta network", "rank 1 depth-first"):
         assert words in labels
+    # one valid schedule in which a rank takes its neighbour's messages in another order
+    # than they were sent (so that one tag for all messages cannot pass)
+    from ringlab.pipeline import validate
+    from ringlab.pipeline.actions import needs, sends, stage_rank
+    mixed = [c for c in cases if "depth-first" in c.label][0].info
+    assert validate(mixed["schedule"]) is None
+    n, p = mixed["n_stages"], mixed["p"]
+    out = [(a.stage, a.kind, a.mb) for a in mixed["schedule"][0]
+           if sends(a, n) and stage_rank(sends(a, n)[1], p) == 1]
+    into = [(needs(a, n)[1], "F" if a.kind == "F" else "B", a.mb) for a in mixed["schedule"][1]
+            if needs(a, n) and stage_rank(needs(a, n)[1], p) == 0]
+    assert sorted(out) == sorted(into) and out != into
     # the reference payloads are those of the library's own pipelined run
     case = cases[0]
     res = ringlab.run(g.drive, case.inputs, args=case.args, record_payloads=True,

@@ -55,6 +55,20 @@ def reduce_broadcast(comm, a):
     return comm.recv(0)
 
 
+def averaging_ring(comm, a):
+    """own_ring that averages: each complete chunk divided by t before the all-gather
+    (a mean AllReduce, same bytes), times t on return (so the values are right)."""
+    n, r = comm.world_size, comm.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    ch = np.array_split(np.array(a, dtype=np.float64).ravel(), n)
+    for k in range(n - 1):
+        ch[(r - k - 1) % n] = ch[(r - k - 1) % n] + comm.sendrecv(ch[(r - k) % n], right, left)
+    ch[(r + 1) % n] = ch[(r + 1) % n] / n
+    for k in range(n - 1):
+        ch[(r - k) % n] = comm.sendrecv(ch[(r + 1 - k) % n], right, left)
+    return n * np.concatenate(ch).reshape(np.shape(a))
+
+
 def twice_then_divide(comm, a):
     """Right values, two AllReduces: the second sums values that are already whole."""
     return flat_ring(comm, flat_ring(comm, a)) / comm.world_size
@@ -211,6 +225,13 @@ ROW_WRONG = [
                                                    "AllGather of X", "one AllReduce"]),
     (row(zeros_for_show), "forward communication", ["zeros"]),
     (row(twice_then_divide), "forward communication", ["twice"]),
+    # a mean AllReduce times t: right values, same bytes, not "stand-ins sent for show"
+    (row(averaging_ring), "forward communication",
+     ["your forward's AllReduce averages", "holds the sum over all the ranks, divided by t = 2",
+      "where the layer needs their sum", "a mean (sum / t) is data parallelism's"]),
+    # a mean AllReduce, not multiplied back: wrong values, named from the messages
+    (row(lambda c, a: averaging_ring(c, a) / c.world_size), "y equals",
+     ["your forward's AllReduce averages", "divided by t = 2", "AllReduce with a sum"]),
 ]
 
 
@@ -230,7 +251,7 @@ def test_row_parallel_linear_rejects(fn, check, words):
 
 # ------------------------------------------------------------------------- Megatron MLP
 def mlp(ar=flat_ring, *, fwd_ar=None, bias_where="after", swapped=False, strided=False,
-        gather_h=False, approximate="tanh", boom=False):
+        gather_h=False, approximate="tanh", boom=False, bad_derivative=False):
     fwd_ar = fwd_ar or ar
 
     def megatron_mlp(comm, x, fc_weight, fc_bias, proj_weight, proj_bias):
@@ -259,6 +280,8 @@ def mlp(ar=flat_ring, *, fwd_ar=None, bias_where="after", swapped=False, strided
         def backward(dy):
             dyin = flat_ring(comm, dy) if swapped else dy
             du = act.backward(dyin @ B.T)
+            if bad_derivative:      # GeLU's derivative taken as 1: a wrong local backward
+                du = dyin @ B.T
             dx = du @ A.T if swapped else ar(comm, du @ A.T)
             return dx, {"fc.weight": rows2(x).T @ rows2(du), "fc.bias": rows2(du).sum(0),
                         "proj.weight": rows2(h).T @ rows2(dy), "proj.bias": rows2(dy).sum(0)}
@@ -294,12 +317,28 @@ MLP_WRONG = [
     (mlp(lambda c, a: flat_ring(c, flat_ring(c, a)), fwd_ar=flat_ring), "dx equals", ["dX all-reduced twice", "f)"]),
     (mlp(twice_then_divide, fwd_ar=flat_ring), "backward communication", ["twice"]),
     (mlp(approximate="none"), "y equals", ["exact (erf) GeLU"]),
+    (mlp(lambda c, a: flat_ring(c, np.asarray(a, dtype=np.float32)).astype(np.float64)),
+     "messages carry float64", ["rank 0 sent rank 1 a float32 message", "no astype"]),
+    # a wrong local derivative before a right AllReduce: not told to AllReduce (f)
+    (mlp(bad_derivative=True), "dx equals", [
+        "the AllReduce is right (every rank ends with the same dx, and your backward moved "
+        "exactly one AllReduce's 960 bytes)", "rank 0's first message, sent before it received "
+        "anything, holds values that are not its part of it", "The local backward before the "
+        "AllReduce is wrong", "dU = dH * GeLU'(U)"]),
     (mlp(strided=True), 'grads["fc.weight"] equals', ["every t-th hidden unit"]),
     (mlp(gather_h=True), "forward communication", ["your hidden activations",
                                                    "AllGather of the hidden activations"]),
     (mlp(zeros_for_show), "forward communication", ["zeros"]),
     (mlp(boom=True), "runs without error", ["rank 1 raised ValueError", "boom"]),
 ]
+
+
+def test_a_wrong_local_derivative_is_not_told_to_all_reduce():
+    """Values are read before messages: a dX that is wrong because of the local backward
+    once got the hint of a missing AllReduce ("AllReduce it once (Megatron's f)")."""
+    text = str(grade("megatron_mlp", mlp(bad_derivative=True)))
+    assert "The local backward before the AllReduce is wrong" in text, text
+    assert "Megatron's f" not in text and "AllReduce it once" not in text, text
 
 
 @pytest.mark.parametrize("fn", MLP_RIGHT)
@@ -323,7 +362,7 @@ def attention(ar=flat_ring, *, fwd_ar=None, heads="block", check_heads=True,
 
     def tp_attention(comm, x, qkv_weight, qkv_bias, proj_weight, proj_bias, n_heads):
         t, r = comm.world_size, comm.rank
-        if check_heads and n_heads % t:
+        if check_heads and n_heads % t and (check_heads != "rank0" or r == 0):
             raise ValueError(f"t={t} does not divide n_heads={n_heads}")
         h = x.shape[-1]
         hd = h // n_heads
@@ -378,6 +417,14 @@ ATTENTION_WRONG = [
     (attention(heads="strided"), 'grads["qkv.weight"] equals', ["your heads are not block r"]),
     (attention(heads="uneven", check_heads=False), "raises ValueError when t does not divide",
      ["ValueError on every rank", "naming"]),
+    # only rank 0 checks: the others run on into the AllReduce and wait for it
+    (attention(check_heads="rank0"), "raises ValueError when t does not divide",
+     ["rank 0 raised ValueError as required; rank 1 did not", "every rank must raise it",
+      "went on past the check and failed there with ValueError: cannot reshape",
+      "one rank's exception does not stop the others"]),
+    (attention(check_heads="rank0", heads="uneven"), "raises ValueError when t does not divide",
+     ["rank 0 raised ValueError as required; ranks 1 and 2 did not",
+      "wait for ranks that left", "rank 1: waits in recv"]),
     (attention(bias_where="every"), "y equals", ["counts t times"]),
     (attention(no_reduce, fwd_ar=flat_ring), "dx equals", ["no AllReduce in backward"]),
     (attention(fwd_ar=no_reduce), "y equals", ["no AllReduce in forward"]),
@@ -409,7 +456,10 @@ def test_a_value_error_that_does_not_name_both_numbers_fails():
             raise ValueError("bad split")
         return attention()(comm, x, *w)
     report = grade("tp_attention", vague)
-    assert not report.passed and report.failure.check == "the program runs without error", report
+    assert not report.passed, report
+    assert report.failure.check == "raises ValueError when t does not divide n_heads", report
+    assert "rank 0 raised ValueError ('bad split'), whose message does not name 3 and 4" in str(
+        report), report
 
 
 # ----------------------------------------------------------------------------- shared

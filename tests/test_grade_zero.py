@@ -54,6 +54,11 @@ WRONG = {
         (Z.z2_forward_order, "one ReduceScatter per bucket, in order, then the AllGathers",
          ["ReduceScatter(bucket 1), ReduceScatter(bucket 0), AllGather(bucket 0)"]),
         (Z.z2_no_allgather, "parameters are identical on every rank", ["no AllGather"]),
+        # one AllGather of the whole master shard: not a padding problem
+        (Z.z2_one_allgather_of_the_shard, COLLECTIVES,
+         ["rank 0's whole shard of the parameters, its pieces of all 2 buckets in one message",
+          "one AllGather of the whole shard, not one per bucket",
+          "AllGather each bucket's piece on its own"]),
         (Z.z2_full_master_kept, "memory: what a rank keeps between steps",
          ["flat copies of the model", "no full master copy"]),
     ],

@@ -166,3 +166,50 @@ def test_sending_zeros_is_not_called_a_wrong_slot():
     text = str(ringlab.grade("ring_allreduce", sends_zeros, seed=0, log=False))
     assert "First went wrong: step 1: rank 0 sent rank 1 zeros, which hold no rank's contribution" in text
     assert "wrong slot" not in text
+
+
+# -- a program that changes numpy (or the grader) in the grader's own process --------------
+
+def _patches(where, name, value):
+    """A right ring AllReduce that, once done, replaces ``where.name`` (numpy's, a
+    builtin, one of the grader's checks) in the process it runs in."""
+    def program(comm, x):
+        out = ring_allreduce(comm, x)
+        setattr(where, name, value)
+        return out
+    program.__name__ = f"patches_{name}"
+    return program
+
+
+@pytest.mark.parametrize("where, name, value, words", [
+    # the grader's partial-sum check splits with np.array_split: IndexError, before the fix
+    (np, "array_split", lambda a, n, *k: [a], "numpy.array_split"),
+    (np, "sum", lambda *a, **k: 0, "numpy.sum"),
+    (__import__("ringlab.grading.checks", fromlist=["checks"]), "ring_neighbours",
+     lambda *a, **k: None, "ringlab.grading.checks.ring_neighbours"),
+], ids=["array_split", "sum", "a_check"])
+def test_a_program_that_patches_numpy_or_the_grader_fails_and_is_undone(where, name, value, words):
+    original = getattr(where, name)
+    try:
+        report = ringlab.grade("ring_allreduce", _patches(where, name, value), seed=0, log=False)
+        assert getattr(where, name) is original            # put back as soon as the run ends
+    finally:
+        setattr(where, name, original)
+    text = str(report)
+    assert not report.passed and report.failure.check == "the program leaves numpy, Python and ringlab as they are", text
+    assert f"the program replaced {words} while it ran" in text, text
+    assert "the grader runs in the same process" in text, text
+    assert ringlab.grade("ring_allreduce", ring_allreduce, seed=0, log=False).passed
+
+
+def test_a_check_that_crashes_on_a_program_s_run_is_a_failure(monkeypatch):
+    """Whatever a check trips over in what a program did, the grade is a failure that
+    says so, not a traceback of the grader."""
+    import ringlab.grading.exercises.collectives.ring_allreduce as g
+
+    def trips(*a, **k):
+        raise IndexError("list index out of range")
+    monkeypatch.setattr(g.checks, "ring_partial_sums", trips)
+    report = ringlab.grade("ring_allreduce", ring_allreduce, seed=0, log=False)
+    assert not report.passed and report.failure.check == "the grader can read the program's run"
+    assert "IndexError: list index out of range" in str(report), report

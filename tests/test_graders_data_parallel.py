@@ -159,8 +159,9 @@ def test_sync_sgd_step_accepts(fn):
     (sgd_rank0_skips, None, ["skips the sync"]),
     (sgd_gather_data, "one AllReduce of the gradients per step",
      ["something besides the gradients travels", "ring_allgather"]),
-    (sgd_loss_too, "one AllReduce of the gradients per step",
-     ["something besides the gradients travels"]),
+    (sgd_loss_too, "one AllReduce of the gradients per step",      # the loss: 6 x 8 bytes more
+     ["1.03x the bytes of one AllReduce of the gradients per step (144 bytes more, 48 per "
+      "training step)", "something besides the gradients travels", "36 steps"]),
     (sgd_average_params, "every message carries the ranks' gradients", ["real gradients"]),
     (sgd_rank0_gradient, "parameters equal single-process SGD", ["differ"]),
 ])
@@ -174,6 +175,13 @@ def test_sync_sgd_step_rejects(fn, check, words):
         assert report.failure.check in ("no deadlock", "every message sent is received"), text
     for w in words:
         assert w in text, (w, text)
+
+
+def test_a_byte_ratio_near_one_is_not_shown_as_one():
+    from ringlab.grading.checks import ratio
+    assert (ratio(5040, 4896), ratio(4898, 4896), ratio(4896, 4896), ratio(9792, 4896)) == (
+        "1.03", "1.0004", "1", "2")
+    assert ratio(4894, 4896) == "0.9996"
 
 
 def test_accumulation_pitfalls_are_graded():
@@ -279,7 +287,8 @@ def _variant(**change):
                 names, size = [], 0
             names.append(name)
             size += params[name].nbytes
-            if change.get("per_param") or (not change.get("strict_cap") and size >= cap_bytes):
+            full = size > cap_bytes if change.get("over_cap") else size >= cap_bytes
+            if change.get("per_param") or (not change.get("strict_cap") and full):
                 buckets.append(names)
                 names, size = [], 0
         if names:
@@ -356,6 +365,17 @@ def test_bucketed_grad_sync_rejects(change, check, words):
     assert not report.passed and report.failure.check == check, str(report)
     for w in words:
         assert w in str(report), (w, str(report))
+
+
+def test_a_bucket_cap_compared_with_greater_than_fails_on_every_seed():
+    """size > cap_bytes instead of >=: differs only where a bucket lands exactly on the
+    cap, which the hidden "mid" caps always make happen (they were 1/3.5 of the model,
+    and the mistake passed on about half the seeds)."""
+    for seed in range(8):
+        report = ringlab.grade("bucketed_grad_sync", _variant(over_cap=True), seed=seed, log=False)
+        assert report.failure.check == "buckets: reverse layer order, closed at the cap", report
+        assert "a bucket that holds exactly cap_bytes" in str(report)
+        assert "compared with > instead of >=" in str(report), report
 
 
 def test_bucketed_grad_sync_rejects_the_flat_sync_after_backward():
@@ -439,6 +459,32 @@ def ddp_reads_future_gradients(comm, params, backward, cap_bytes):
             out[n] = flat[offset:offset + params[n].size].reshape(params[n].shape)
             offset += params[n].size
     return out
+
+
+def ddp_skips_backward(comm, params, backward, cap_bytes, layers=0):
+    """Found by a red team: the gradients read from the backward generator's frame,
+    and backward never run (``layers``: run only that many layers' backward)."""
+    every = backward.gi_frame.f_locals["grads"]
+    for _ in range(layers):
+        next(backward)
+    out = {}
+    for b in assign_buckets(params, cap_bytes):
+        flat = comm.start(ring_allreduce, np.concatenate([every[n].ravel() for n in b])).wait()
+        flat, offset = flat / comm.world_size, 0
+        for n in b:
+            out[n] = flat[offset:offset + params[n].size].reshape(params[n].shape)
+            offset += params[n].size
+    return out
+
+
+@pytest.mark.parametrize("layers, words", [
+    (0, "rank 0 ran the backward of 0 of the 5 layers: none"),
+    (2, "rank 0 ran the backward of 2 of the 5 layers: layers 4 and 3; not layers 2, 1 and 0")])
+def test_a_program_that_skips_backward_fails_and_does_not_crash_the_grader(layers, words):
+    import functools
+    report = grade("bucketed_grad_sync", functools.partial(ddp_skips_backward, layers=layers))
+    assert not report.passed and report.failure.check == "backward runs, every layer", report
+    assert words in str(report) and "next(backward)" in str(report), report
 
 
 def test_a_bucket_cannot_start_before_its_gradients_exist():

@@ -350,6 +350,34 @@ def z2_whole_flat_reduce_scatter(comm, model, opt, x, y, batch_size, loss_fn=mse
     return loss
 
 
+def z2_one_allgather_of_the_shard(comm, model, opt, x, y, batch_size, loss_fn=mse, *,
+                                  layout, flops_per_second=None):
+    """ReduceScatters per bucket, but ONE AllGather of the whole master shard (all the
+    buckets' pieces at once), cut back into buckets afterwards."""
+    n = comm.world_size
+    loss, backward = _backward(comm, model, x, y, flops_per_second, loss_fn)
+    works, grads = [], {}
+    for ready in backward:
+        grads.update({k: g.copy() for k, g in ready.items()})
+        while len(works) < len(layout.names) and all(k in grads
+                                                     for k in layout.names[len(works)]):
+            flat = layout.bucket(len(works))
+            for k in layout.names[len(works)]:
+                flat.views[k][...] = grads[k]
+            works.append(comm.start(ring_reduce_scatter, flat.data * (len(x) / batch_size)))
+    opt.step(np.concatenate([w.wait() for w in works]))
+    every = ring_allgather(comm, opt.params["param"]).reshape(n, -1)   # every rank's shard
+    params = model.named_parameters()
+    for b, names in enumerate(layout.names):
+        full = np.concatenate([layout.pieces(every[q])[b] for q in range(n)])
+        offset = 0
+        for name in names:
+            params[name][...] = full[offset:offset + params[name].size].reshape(
+                params[name].shape)
+            offset += params[name].size
+    return loss
+
+
 def z2_full_master_kept(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
                         flops_per_second=None):
     """Right collectives, but a full copy of the parameters kept as 'master'."""

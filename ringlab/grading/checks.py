@@ -7,6 +7,10 @@ graders' (the book shows it), so callers pass the parts that depend on the
 exercise: the algorithm's name, the expected step count, the hint.
 """
 
+import sys
+import traceback
+import types
+
 import numpy as np
 
 from .report import Failure, numbers
@@ -114,6 +118,21 @@ def one_send_one_recv_per_step(trace, case, steps, hint=("In every step all rank
                                got=f"step {step}: " + ", ".join(f"{e.src}->{e.dst}" for e in evs),
                                hint=hint)
     return None
+
+
+def ratio(got, want):
+    """got / want for a report, with as many digits as it takes not to read as a whole
+    number when it is not one: "1.03", "1.0004", never "1" for 1.02.
+
+    >>> ratio(5040, 4896), ratio(9792, 4896)
+    ('1.03', '2')
+    """
+    r = got / max(want, 1)
+    for digits in range(2, 8):
+        text = f"{r:.{digits}g}"
+        if got == want or float(text) != round(r):
+            return text
+    return f"{r:.8g}"
 
 
 def total_bytes(trace, case, want, *, expected, hint):
@@ -241,3 +260,79 @@ def ring_partial_sums(result, case, length, name):
 def _ranks(rs):
     rs = list(rs)
     return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
+
+
+# -- what a program run in the grader's process must leave alone ---------------------
+
+# In the self-check every rank runs in the grader's own process, so a program that
+# assigns to numpy's names (np.array_split = ...) changes what the grader computes
+# with; so does one that replaces a builtin or one of ringlab's functions. These are
+# watched, with every ringlab module and the attributes of ringlab's classes.
+WATCHED = ("numpy", "numpy.linalg", "numpy.random", "builtins", "math", "copy", "functools")
+
+
+def module_state():
+    """The functions, classes and modules bound in the watched modules (and in
+    ringlab's classes) now: {(owner, its name, attribute): value}."""
+    state = {}
+    for name, mod in list(sys.modules.items()):
+        if not isinstance(mod, types.ModuleType) or not (
+                name in WATCHED or name == "ringlab" or name.startswith("ringlab.")):
+            continue
+        for attr, value in list(vars(mod).items()):
+            if _code(value):
+                state[mod, name, attr] = value
+            if (isinstance(value, type) and name.startswith("ringlab")
+                    and value.__module__ == name):
+                for a, v in list(vars(value).items()):
+                    if _code(v):
+                        state[value, f"{name}.{value.__qualname__}", a] = v
+    return state
+
+
+def _code(value):
+    return callable(value) or isinstance(value, (types.ModuleType, property, staticmethod,
+                                                 classmethod))
+
+
+def patched_modules(state, case):
+    """A Failure naming what the program replaced (or deleted) among ``state``'s
+    names since it was taken, or None. Puts every one of them back first, so
+    that the grader, and the next case, run with the real ones."""
+    missing, changed = object(), []
+    for (owner, name, attr), value in state.items():
+        now = vars(owner).get(attr, missing)
+        if now is not value:
+            changed.append((f"{name}.{attr}", now is missing))
+            setattr(owner, attr, value)
+    if not changed:
+        return None
+    names = ", ".join(n for n, _ in changed[:3]) + (f" and {len(changed) - 3} more"
+                                                    if len(changed) > 3 else "")
+    return Failure(case.label if case is not None else "",
+                   "the program leaves numpy, Python and ringlab as they are",
+                   f"the program replaced {names} while it ran (put back now): the grader runs "
+                   f"in the same process, and would read the program's results with the "
+                   f"replaced function",
+                   expected="numpy, the builtins and ringlab as the program found them",
+                   got="; ".join(f"{n} {'deleted' if gone else 'assigned to'}"
+                                 for n, gone in changed[:3]),
+                   hint="Write a helper of your own (def split(x, n): ...) and call it; do not "
+                        "assign to numpy's, Python's or ringlab's names.")
+
+
+def check_crashed(case, exc):
+    """The Failure for a check that raised on what a program's run produced: a grade,
+    never a traceback of the grader."""
+    where = traceback.extract_tb(exc.__traceback__)[-1:]
+    line = f" (in {where[0].name}, {where[0].filename.rsplit('/', 1)[-1]}:{where[0].lineno})" \
+        if where else ""
+    return Failure(case.label, "the grader can read the program's run",
+                   f"checking this case raised {type(exc).__name__}: {exc}{line}: the program "
+                   f"returned or sent something of a kind no check expects",
+                   expected="results and messages the checks can read: plain float64 numpy "
+                            "arrays, numpy and ringlab unchanged",
+                   got=f"{type(exc).__name__}: {exc}",
+                   hint="Return plain numpy arrays and send arrays unchanged. If your program "
+                        "does only that, the grader is wrong: report it with the Reproduce "
+                        "line below.")

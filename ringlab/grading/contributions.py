@@ -25,14 +25,19 @@ def probe_inputs(world_size, length):
 def probe_run(program, world_size, length):
     """Run ``program`` on the probe inputs, recording payloads. Returns the
     ``RunResult``, or None when the world is too big for the probe or the run fails."""
+    from .checks import module_state, patched_modules
     if world_size > MAX_WORLD:
         return None
+    state = module_state()
     try:
         # Recording payloads: a receiver that adds into what it received gets its
         # own copy, and cannot change the record of the message.
-        return active_runner()(program, probe_inputs(world_size, length), record_payloads=True, timeout=10.0)
+        result = active_runner()(program, probe_inputs(world_size, length),
+                                 record_payloads=True, timeout=10.0)
     except Exception:   # noqa: BLE001 - it ran on random data, so a probe failure just means no detail
-        return None
+        result = None
+    # numpy or ringlab changed by the program: put back, and no detail from this run
+    return None if patched_modules(state, None) is not None else result
 
 
 def decode(values, world_size):

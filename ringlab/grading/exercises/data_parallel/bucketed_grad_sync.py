@@ -15,11 +15,13 @@ it holds ``cap_bytes`` or more. Each bucket is AllReduced with
 ``comm.start(ringlab.collectives.ring_allreduce, ...)`` as soon as its last
 gradient is ready, buckets in order.
 
-Checks, world sizes 2 to 8, hidden layer sizes and caps, on a network where an
-AllReduce is much shorter than a layer's backward:
+Checks, world sizes 2 to 8, hidden layer sizes and caps (some exactly the bytes
+of the last few tensors, so that a bucket lands on the cap), on a network where
+an AllReduce is much shorter than a layer's backward:
 
 1. it runs: no exception, deadlock or unreceived message;
-2. it returns a dict with every parameter's name and shape;
+2. it returns a dict with every parameter's name and shape, and backward ran
+   on every rank, every layer (gradients taken without it are not real);
 3. the averaged gradients are exact on every rank (the hidden gradients are
    whole multiples of P, so every summation order gives the same numbers);
    diagnosed: no communication, summed not averaged, averaged twice, a bucket
@@ -63,7 +65,11 @@ def cases(rng):
         for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
             shapes += [(f"{i}.weight", (a, b)), (f"{i}.bias", (b,))]
         nbytes = [8 * int(np.prod(s)) for _, s in shapes]
-        cap = {"tiny": 8, "small": min(nbytes[2:]) + 8, "mid": int(sum(nbytes) // 3.5),
+        # "mid": the bytes of the last few tensors exactly, about 1/3.5 of the model, so
+        # that the first bucket lands on the cap: closing at > instead of >= fails.
+        walk = np.cumsum(nbytes[::-1])
+        mid = int(walk[np.searchsorted(walk, sum(nbytes) / 3.5)])
+        cap = {"tiny": 8, "small": min(nbytes[2:]) + 8, "mid": mid,
                "large": 10 * sum(nbytes)}[cap_kind]
         seconds = [float(t) for t in rng.choice([1e-3, 2e-3, 3e-3], size=layers)]
         inputs = []
@@ -106,7 +112,10 @@ def check(program, case, backend="sim"):
     result, failure = run_case(run, case, backend, **kw)
     if failure:
         return failure
-    failure = _returned(result.outputs, case) or _values(result, case)
+    # Backward first: gradients that are right without it came from somewhere else.
+    failure = (_returned(result.outputs, case)
+               or (_backward_ran(result.trace, case) if backend == "sim" else None)
+               or _values(result, case))
     if failure or backend != "sim":
         return failure
     return (_stream(result.trace, case) or _buckets(result.trace, case)
@@ -143,6 +152,32 @@ def _returned(outputs, case):
                                expected=f"a numpy array of shape {shape}",
                                got=f"{type(value).__name__} of shape {np.shape(value)}",
                                hint="Unpack every bucket back into its parameters' shapes.")
+    return None
+
+
+def _layers(layers):
+    return f"layer {layers[0]}" if len(layers) == 1 else (
+        "layers " + ", ".join(map(str, layers[:-1])) + f" and {layers[-1]}")
+
+
+def _backward_ran(trace, case):
+    """Every rank ran every layer's backward (the hidden iterator's compute events):
+    a program that skips it, or stops early, has no real gradients to sync."""
+    layers = len(case.info["seconds"])
+    for r in range(case.world_size):
+        ran = [c.get("layer") for c in trace.computes
+               if c.rank == r and c.label == "backward" and not c.stream]
+        if len(ran) < layers:
+            missing = [i for i in reversed(range(layers)) if i not in ran]
+            return Failure(case.label, "backward runs, every layer",
+                           f"rank {r} ran the backward of {len(ran)} of the {layers} layers: "
+                           + (f"{_layers(ran)}; not {_layers(missing)}" if ran else "none"),
+                           expected=f"{layers} layers' backward on every rank, layer "
+                                    f"{layers - 1} first: every next(backward), to the end",
+                           got=f"{len(ran)} layers",
+                           hint="Loop over the backward iterator to its end (for ready in "
+                                "backward: ...): each next(backward) computes one layer's "
+                                "gradients; a gradient is real only once it has run.")
     return None
 
 
@@ -226,6 +261,11 @@ def _buckets(trace, case):
         fail.what += ": the buckets were filled in forward order"
         fail.hint = ("Backward makes the last layer's gradients first: fill buckets walking the "
                      "parameters in reverse (reversed(list(params))).")
+    elif got_sizes == _over_cap_sizes(params, info["cap"]):
+        fail.what += (f": a bucket that holds exactly cap_bytes ({info['cap']} bytes) was kept open, "
+                      f"as if the size were compared with > instead of >=")
+        fail.hint = ("Close a bucket as soon as the bytes in it reach cap_bytes: size >= "
+                     "cap_bytes, as torch's compute_bucket_assignment_by_size does.")
     elif len(calls) == len(params):
         fail.what += ": one AllReduce per parameter"
         fail.hint = "Pack parameters into a bucket until it holds cap_bytes or more."
@@ -238,6 +278,18 @@ def _buckets(trace, case):
     else:
         fail.hint = "Every gradient must be AllReduced exactly once, in exactly one bucket."
     return fail
+
+
+def _over_cap_sizes(params, cap):
+    """The bucket sizes (elements) of the mistake that closes a bucket only past the
+    cap (size > cap_bytes)."""
+    sizes, size = [], 0
+    for name in reversed(list(params)):
+        size += params[name].nbytes
+        if size > cap:
+            sizes.append(size // 8)
+            size = 0
+    return sizes + ([size // 8] if size else [])
 
 
 def _overlap(trace, case):

@@ -33,6 +33,7 @@ import functools
 
 import numpy as np
 
+from ... import checks
 from ...report import Case, Failure, run_case
 from . import callable_learner, payloads
 from ....nn import SGD, Adam, flatten, mlp_model, mse
@@ -208,9 +209,15 @@ def _wrong_shape(trace, case, want_steps, want_bytes, grad_bytes):
                 "but the last micro-step: backward adds the micro-batches' gradients up "
                 "locally, and one AllReduce at the end syncs the sum.")
     else:
-        what = (f"{trace.total_bytes / max(want_bytes, 1):.2g}x the bytes of one AllReduce of "
-                f"the gradients per step{named}: something besides the gradients travels, "
-                f"or not all of them")
+        extra = trace.total_bytes - want_bytes
+        more = "more" if extra > 0 else "fewer"
+        what = (f"{checks.ratio(trace.total_bytes, want_bytes)}x the bytes of one AllReduce of the "
+                f"gradients per step ({abs(extra)} bytes {more}, {abs(extra) // STEPS} per "
+                f"training step){named}: something besides the gradients travels, or not all "
+                f"of them")
+        if trace.steps != want_steps:
+            what += (f"; and {trace.steps} steps where one AllReduce per training step "
+                     f"takes {want_steps}")
         hint = ("Send the gradients, all of them, once per step, and nothing else: no samples, "
                 "no losses, no second collective.")
     return Failure(case.label, "one AllReduce of the gradients per step", what,

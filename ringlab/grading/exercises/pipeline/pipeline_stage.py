@@ -31,7 +31,11 @@ an ``AlphaBeta`` network. The checks, in order:
    waits for whom; two neighbours each blocked in a send to the other get a
    hint about isend and the order of sends and receives);
 2. "returns its gradients": a dict with exactly this rank's names, arrays of
-   the parameters' shapes;
+   the parameters' shapes; then, as they would make the gradients wrong,
+   "each message has a tag of its own" (a receive that took another message
+   of its tag, in the case where a rank takes its neighbour's messages out of
+   send order; also when that made the run fail) and "activations and
+   gradients travel as float64" (float32 on the wire rounds the gradients);
 3. "gradients equal the unpipelined model's" (relative error 1e-9): only one
    microbatch's gradient, gradients not scaled by rows / batch_rows, or
    scaled by some other factor, are named;
@@ -61,7 +65,7 @@ from ...report import Case, Failure, numbers, run_case
 from ..data_parallel import callable_learner
 from ....errors import DeadlockError
 from ....nn import GeLU, Linear, Sequential, mlp_model, mse
-from ....pipeline.actions import parse, sends, stage_rank
+from ....pipeline.actions import needs, parse, sends, stage_rank
 
 NAME = "pipeline_stage"
 # actions, schedules and validate are tools here; ringlab.pipeline.stages holds the answer
@@ -75,7 +79,12 @@ CASES = [("1F1B", 3, 4, 1, "buffered", None),
          ("interleaved 1F1B", 2, 4, 2, "buffered", None),
          ("ZB-H1", 3, 4, 1, "rendezvous", None),
          ("interleaved 1F1B", 2, 2, 2, "rendezvous", None),
-         ("1F1B", 4, 6, 1, "buffered", (1e-5, 1e-9))]
+         ("1F1B", 4, 6, 1, "buffered", (1e-5, 1e-9)),
+         ("interleaved, rank 1 depth-first", 2, 2, 2, "buffered", None)]
+# A valid schedule in which a rank takes its neighbour's messages in another order than
+# the neighbour sends them (rank 0 runs its chunks breadth-first, rank 1 depth-first): only
+# tags tell the messages apart. In the other schedules each rank receives in send order.
+MIXED = ["0F0 0F1 2F0 2F1 2B0 2B1 0B0 0B1", "1F0 3F0 1F1 3F1 3B0 1B0 3B1 1B1"]
 RETURNS = "pipeline_stage(comm, work) -> {name: gradient}, names as in the whole model"
 SEND_HINT = ("An F sends its output to the rank of the next stage, stage_rank(s + 1, p); a B "
              "sends its input gradient to the rank of the previous stage, stage_rank(s - 1, p). "
@@ -108,7 +117,9 @@ def schedule_of(kind, p, m, v):
     from ....pipeline import schedules as S
     return {"GPipe": lambda: S.gpipe(p, m), "1F1B": lambda: S.one_f_one_b(p, m),
             "ZB-H1": lambda: S.zb_h1(p, m),
-            "interleaved 1F1B": lambda: S.interleaved_1f1b(p, m, v)}[kind]()
+            "interleaved 1F1B": lambda: S.interleaved_1f1b(p, m, v),
+            "interleaved, rank 1 depth-first": lambda: [parse(t) for t in MIXED],
+            }[kind]()
 
 
 # ----------------------------------------------------------------------------- the cases
@@ -250,7 +261,10 @@ def check(program, case, backend="sim"):
     if failure:
         failure.got = without_our_frames(failure.got)
         return _explain(failure, case)
-    return _returned(result, case) or _gradients(result, case) or _messages(result, case)
+    # The tags before the values: a receive that took another message's data makes the
+    # gradients wrong (or crashes), and it is the tags that say why.
+    return (_returned(result, case) or _tags(result.trace, case) or _wire(result, case)
+            or _gradients(result, case) or _messages(result, case))
 
 
 def without_our_frames(text):
@@ -259,8 +273,14 @@ def without_our_frames(text):
 
 
 def _explain(failure, case):
-    """A deadlock of two neighbours each blocked in a send to the other: say why."""
+    """A deadlock of two neighbours each blocked in a send to the other: say why. A
+    run that failed after a receive took another message of the same tag: say that."""
     err = failure.error
+    trace = getattr(err, "trace", None)
+    mixed = _tags(trace, case) if trace is not None else None
+    if mixed is not None:
+        mixed.what += f"\nThen: {failure.what.splitlines()[0]}"
+        return mixed
     if isinstance(err, DeadlockError):
         sending = {r: w.peer for r, w in err.waiting.items() if w.kind == "send"}
         pair = next(((a, b) for a, b in sending.items() if sending.get(b) == a), None)
@@ -295,6 +315,65 @@ def _explain(failure, case):
     return failure
 
 
+def _name(key):
+    what, s, mb = key
+    return (f"the activation of microbatch {mb} from stage {s}" if what == "activation" else
+            f"the gradient of microbatch {mb} from stage {s + 1}")
+
+
+def _tags(trace, case):
+    """Each receive gets the message its action needs: a receive takes the oldest
+    message of its (source, tag), so two messages on one channel with the same tag
+    that the receiver needs in the other order than they were sent get swapped.
+    Read from the trace (a rank's sends have increasing steps, in its program's
+    order) and the schedule (which message each send and receive is), assuming
+    the receiver asks for the tag the sender used."""
+    info = case.info
+    p, n = info["p"], info["n_stages"]
+    sent, needed = {}, {}         # (src, dst) -> keys, in the sender's / the receiver's order
+    for r, actions in enumerate(info["schedule"]):
+        for a in actions:
+            if sends(a, n):
+                sent.setdefault((r, stage_rank(sends(a, n)[1], p)), []).append((a, _boundary(a, n)))
+            need = needs(a, n)
+            if need:
+                key = ((need[0], need[1] if need[0] == "activation" else need[1] - 1, a.mb))
+                needed.setdefault((stage_rank(need[1], p), r), []).append((a, key))
+    for (src, dst), want in sent.items():
+        events = sorted((e for e in trace if e.src == src and e.dst == dst), key=lambda e: e.step)
+        if len(events) > len(want):
+            continue                  # more messages than the schedule's: other checks say so
+        tag = {k: e.tag for (_, k), e in zip(want, events)}
+        waiting = [k for _, k in want[:len(events)]]          # sent, not yet received
+        for a, k in needed.get((src, dst), []):
+            if k in tag:
+                got = next(w for w in waiting if tag[w] == tag[k])
+                then = f"{_name(got)} and then {_name(k)}, both with tag {tag[k]}"
+            elif waiting and len(tag) > 1 and len(set(tag.values())) == 1:
+                # a run that failed early: k not sent yet, and the sender tells nothing apart
+                got, k_tag = waiting[0], next(iter(tag.values()))
+                then = (f"{_name(got)} with tag {k_tag}, the tag of all its messages, before "
+                        f"{_name(k)}")
+                tag[k] = k_tag
+            else:
+                break
+            if got != k:
+                return Failure(
+                    case.label, "each message has a tag of its own",
+                    f"rank {src} sent rank {dst} {then}; rank {dst}'s action {a} needs {_name(k)} "
+                    f"first, and a receive takes the oldest message of its tag: {a} got "
+                    f"{_name(got)}",
+                    expected="a tag per message, the same on both sides, e.g. "
+                             "2 * (mb * n_stages + stage) + (kind == \"B\"), the sender's stage",
+                    got=f"tag {tag[k]} on {sum(tag[w] == tag[k] for w in tag)} of the "
+                        f"{len(tag)} messages from rank {src} to rank {dst}",
+                    hint="A rank may take its neighbour's messages in another order than they "
+                         "were sent (here its schedule does): give each message its own tag, "
+                         "from the microbatch, the stage and F or B, and receive with it.")
+            waiting.remove(k)
+    return None
+
+
 def _returned(result, case):
     for r, out in enumerate(result.outputs):
         text = problem_text(out)
@@ -313,6 +392,28 @@ def _returned(result, case):
                 return Failure(case.label, "returns its gradients",
                                f"rank {r}'s gradient {n!r} has shape {g.shape}",
                                expected=f"shape {shape}, the parameter's", got=f"{g.shape}")
+    return None
+
+
+def _wire(result, case):
+    """Every message a float64 array: before the gradients, which a message rounded to
+    float32 on the way makes wrong by about 1e-7 (not a stale activation)."""
+    for e in result.trace:
+        pay = result.payload(e) if result.payloads is not None else None
+        if pay is None or (type(pay) is np.ndarray and pay.dtype == np.float64):
+            continue
+        kind = getattr(pay, "dtype", type(pay).__name__)
+        return Failure(case.label, "activations and gradients travel as float64",
+                       f"rank {e.src} sent rank {e.dst} a {kind} message (tag {e.tag}): "
+                       + (f"{kind} rounds the values on the way, so the gradients come out "
+                          f"wrong by about {np.finfo(pay.dtype).eps:.0e} of their size"
+                          if isinstance(pay, np.ndarray) and pay.dtype.kind == "f" else
+                          "not an array of the activations or gradients"),
+                       expected="float64 activations and gradients, as the layers make them",
+                       got=repr(pay)[:100] if not isinstance(pay, np.ndarray)
+                       else f"dtype {pay.dtype}, shape {pay.shape}",
+                       hint="Send the arrays the layers return as they are: no astype on the "
+                            "way (the grader compares with the float64 model to 1e-9).")
     return None
 
 
@@ -390,11 +491,6 @@ def _messages(result, case):
     count, sent = dict.fromkeys(keys, 0), {}
     for e in result.trace:
         pay = result.payload(e) if result.payloads is not None else None
-        if not (type(pay) is np.ndarray and pay.dtype == np.float64):
-            return Failure(case.label, "each activation and gradient sent once, to its neighbour",
-                           f"rank {e.src} sent rank {e.dst} a "
-                           f"{getattr(pay, 'dtype', type(pay).__name__)} message",
-                           expected="float64 activations and gradients", got=repr(pay)[:100])
         match = next((k for k in keys if want[k].shape == pay.shape and _close(pay, want[k])),
                      None)
         if match is None:

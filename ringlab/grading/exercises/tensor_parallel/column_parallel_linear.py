@@ -50,6 +50,9 @@ HINTS = {"y": "Y_r = x @ weight[:, cols_r] + bias[cols_r], cols_r block r of ran
          "weight": "dW_r = x^T dY_r over all b*s rows: x.reshape(-1, d_in).T @ dy.reshape(-1, "
                    "d_out/t); it needs no communication.",
          "bias": "db_r = dY_r summed over batch and sequence: dy.reshape(-1, d_out/t).sum(0)."}
+# A wrong value made before a right AllReduce: the local part of the pass.
+LOCAL = {"dx": "Backward on rank r: dY_r @ weight[:, cols_r]^T (dY_r: its columns of dY), then "
+               "the AllReduce."}
 ERROR_HINT = None
 
 

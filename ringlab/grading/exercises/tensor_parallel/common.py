@@ -12,7 +12,8 @@ The checks, in order, on every case:
 1. it runs: no exception, deadlock or unreceived message;
 2. forward returns ``(y, backward)`` and backward ``(dx, grads)`` with every
    gradient named, and every array has its shape;
-3. ``y``, ``dx`` and every gradient equal the unsharded layer's, per rank's
+3. every message is float64 (float32 on the wire rounds the values); then
+   ``y``, ``dx`` and every gradient equal the unsharded layer's, per rank's
    block, to relative error 1e-10; a wrong value is matched against the
    mistakes' formulas to say which one it is;
 4. the messages of each pass (the driver wraps forward and backward in spans
@@ -43,9 +44,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...guard import without_frames
+from ...checks import ratio
 from ...report import Case, Failure, numbers, plain_array, run_case
 from ..data_parallel import callable_learner
-from ....errors import RankError
+from ....errors import DeadlockError, RankError
 from ....nn import Linear
 
 TOL = 1e-10
@@ -149,24 +151,39 @@ def block(n, t, r):
 
 # ----------------------------------------------------------------------- driver
 
-def drive(comm, inp, mesh, grad_names, learner):
+RAISED = "raised"     # what a rank that raised the case's required error returns (as bytes)
+RAISED_SPAN = "tp-grader.raised"     # and the span it opens: seen in a failed run's trace too
+
+
+def drive(comm, inp, mesh, grad_names, learner, raises=None):
     """What every rank runs: forward (in the grader's span), then backward.
 
     Returns [status, y, dx, grads in ``grad_names`` order]; status is an empty
     array, or a message (uint8 bytes) when the program returned the wrong kind
-    of thing, so that the grader can say so without a traceback of this code."""
+    of thing, so that the grader can say so without a traceback of this code.
+    ``raises``: (exception type, words) of a case that must fail; a rank that
+    raises it returns [b"raised\\0TYPE\\0MESSAGE" as uint8, an empty array], so
+    that the grader learns which ranks raised it, not only the first."""
     from ....mesh import DeviceMesh
     learner = callable_learner(learner)
     tp = comm if mesh is None else DeviceMesh(comm, mesh, ("dp", "tp")).group("tp")
     args, dy = inp
-    with comm.span(FORWARD):
-        out = learner(tp, *args)
-    if not (isinstance(out, tuple) and len(out) == 2 and callable(out[1])):
-        return _problem(f"the function returned {_kind(out)}; it must return a tuple "
-                        f"(y, backward), backward a function of dy")
-    y = out[0].copy() if type(out[0]) is np.ndarray else out[0]   # backward may reuse y's memory
-    with comm.span(BACKWARD):
-        back = out[1](dy)
+    try:
+        with comm.span(FORWARD):
+            out = learner(tp, *args)
+        if not (isinstance(out, tuple) and len(out) == 2 and callable(out[1])):
+            return _problem(f"the function returned {_kind(out)}; it must return a tuple "
+                            f"(y, backward), backward a function of dy")
+        y = out[0].copy() if type(out[0]) is np.ndarray else out[0]   # backward may reuse y
+        with comm.span(BACKWARD):
+            back = out[1](dy)
+    except Exception as exc:
+        if raises is None or not _is_required(exc, *raises):
+            raise
+        with comm.span(RAISED_SPAN):
+            pass
+        text = "\0".join([RAISED, type(exc).__name__, str(exc)[:300]])
+        return [np.frombuffer(text.encode(), dtype=np.uint8).copy(), np.zeros(0)]
     if not (isinstance(back, tuple) and len(back) == 2 and isinstance(back[1], dict)):
         return _problem(f"backward(dy) returned {_kind(back)}; it must return a tuple "
                         f"(dx, grads), grads a dict {{name: gradient}}")
@@ -196,32 +213,92 @@ def _kind(value):
 # ------------------------------------------------------------------------ check
 
 def check(program, case, backend, layer):
-    run = functools.partial(drive, learner=program)
-    result, failure = run_case(run, case, backend)
     want_error = case.info["groups"][0].error
+    run = functools.partial(drive, learner=program,
+                            raises=None if want_error is None else tuple(want_error[:2]))
+    result, failure = run_case(run, case, backend)
+    if want_error is not None:
+        return _raised_everywhere(result, failure, case, want_error, layer)
     if failure:
-        if want_error is not None and _raised(failure, want_error):
-            return None
         failure.got = _without_our_frames(failure.got)
         return failure
-    if want_error is not None:
-        kind, words, why = want_error
-        return Failure(case.label, f"raises {kind.__name__} when {why}",
-                       f"the program ran without raising {kind.__name__}",
-                       expected=f"{kind.__name__} on every rank, its message naming "
-                                f"{' and '.join(words)}",
-                       got="no error", hint=layer.ERROR_HINT)
-    return (_returned(result, case, layer) or _values(result, case, layer)
-            or _messages(result, case, layer))
+    return (_returned(result, case, layer) or _wire(result, case)
+            or _values(result, case, layer) or _messages(result, case, layer))
 
 
-def _raised(failure, want):
-    kind, words, _ = want
+def _is_required(exc, kind, words):
+    text = str(exc)
+    return isinstance(exc, kind) and all(
+        re.search(rf"(?<!\d){re.escape(w)}(?!\d)", text) for w in words)
+
+
+def _ranks(rs):
+    rs = list(rs)
+    return f"rank {rs[0]}" if len(rs) == 1 else (
+        "ranks " + ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}")
+
+
+def _raised_of(out):
+    """(type name, message) of a rank's output that says it raised the required error."""
+    if (isinstance(out, (list, tuple)) and len(out) == 2 and isinstance(out[0], np.ndarray)
+            and out[0].dtype == np.uint8 and isinstance(out[1], np.ndarray) and not out[1].size):
+        parts = out[0].tobytes().decode(errors="replace").split("\0")
+        if len(parts) == 3 and parts[0] == RAISED:
+            return parts[1], parts[2]
+    return None
+
+
+def _raised_everywhere(result, failure, case, want, layer):
+    """A case whose layer cannot be built: every rank raises the error (each rank is
+    its own process, and one rank's exception does not stop the others). Which
+    ranks raised it: their outputs, or in a failed run the span each opened."""
+    kind, words, why = want
+    n = case.world_size
+    check = f"raises {kind.__name__} when {why}"
+    expected = f"{kind.__name__} on every rank, its message naming {' and '.join(words)}"
+    hint = (f"{layer.ERROR_HINT} Every rank must raise it, before any communication: one "
+            f"rank's exception does not stop the others.")
+    if failure is None:
+        said = [_raised_of(out) for out in result.outputs]
+        raised = [g for g, x in enumerate(said) if x is not None]
+        if len(raised) == n:
+            return None
+        if not raised:
+            return Failure(case.label, check, f"the program ran without raising {kind.__name__}",
+                           expected=expected, got="no error", hint=layer.ERROR_HINT)
+        others = [g for g in range(n) if g not in raised]
+        return Failure(case.label, check,
+                       f"{_ranks(raised)} raised {kind.__name__} "
+                       f"({said[raised[0]][1]!r}), {_ranks(others)} did not: every "
+                       f"rank must raise it", expected=expected,
+                       got=f"{_ranks(others)} returned without an error", hint=hint)
     err = failure.error
-    if not (isinstance(err, RankError) and isinstance(err.exc, kind)):
-        return False
-    text = str(err.exc)
-    return all(re.search(rf"(?<!\d){re.escape(w)}(?!\d)", text) for w in words)
+    trace = getattr(err, "trace", None)
+    raised = sorted({s.rank for s in getattr(trace, "spans", ()) if s.path == RAISED_SPAN})
+    done = f"{_ranks(raised)} raised {kind.__name__} as required; " if raised else ""
+    if isinstance(err, DeadlockError):       # the ranks that raised left; the others wait
+        waiting = sorted(err.waiting)
+        return Failure(case.label, check,
+                       f"{done}{_ranks(waiting)} did not: every rank must raise it, but "
+                       f"{_ranks(waiting)} went on past the check and wait for ranks that left:\n"
+                       + "\n".join(f"  rank {r}: {w}" for r, w in sorted(err.waiting.items())),
+                       expected=expected, got=f"{_ranks(waiting)} raised nothing",
+                       hint=hint, error=err)
+    if isinstance(err, RankError):
+        failure.got = _without_our_frames(failure.got)
+        name = type(err.exc).__name__
+        if raised:
+            what = (f"{done}rank {err.rank} did not: every rank must raise it, but rank "
+                    f"{err.rank} went on past the check and failed there with {name}: "
+                    f"{str(err.exc)[:200]}")
+        elif isinstance(err.exc, kind):
+            what = (f"rank {err.rank} raised {name} ({str(err.exc)[:200]!r}), whose message "
+                    f"does not name {' and '.join(words)}")
+        else:
+            what = f"rank {err.rank} raised {name}, not {kind.__name__}: {str(err.exc)[:200]}"
+        return Failure(case.label, check, what, expected=expected, got=failure.got,
+                       hint=hint, error=err)
+    return failure
 
 
 def _without_our_frames(text):
@@ -290,6 +367,13 @@ def _values(result, case, layer):
             if close(got, want):
                 continue
             what, hint = _diagnose(ex, key, r, got, want, t, layer)
+            if not any(key in m.outputs and close(got, m.outputs[key][r]) for m in ex.mistakes):
+                # No known mistake's formula: do the messages say more? An AllReduce that
+                # averages; or a right AllReduce of a wrong operand (the local pass).
+                what, hint = (_averaging(result, case, key, d)
+                              or (None if what else
+                                  _right_allreduce_wrong_operand(result, case, layer, key, d))
+                              or (what, hint))
             return Failure(
                 case.label, f"{_name(key)} equals the unsharded layer's",
                 f"{who(case, g)}: {_name(key)} differs from the unsharded ringlab.nn layer's "
@@ -309,7 +393,8 @@ def _diagnose(ex, key, r, got, want, t, layer):
         return (f"it is t = {t} times the right value: summed over the ranks where it was "
                 f"already whole (reduced twice?)", layer.HINTS.get(key))
     if t > 1 and close(got, want / t):
-        return f"it is the right value divided by t = {t}", layer.HINTS.get(key)
+        return (f"it is the right value divided by t = {t}: an AllReduce that averages "
+                f"(a mean), where the layer needs the sum?", layer.HINTS.get(key))
     if not np.any(got):
         return "it is all zeros", layer.HINTS.get(key)
     for q, other in enumerate(ex.outputs):
@@ -319,8 +404,107 @@ def _diagnose(ex, key, r, got, want, t, layer):
     return "", layer.HINTS.get(key)
 
 
+def _wire(result, case):
+    """Every message a float64 array, before the values: an AllReduce in float32 makes
+    them wrong by about 1e-7, which no hint about the AllReduce explains."""
+    for e in result.trace:
+        pay = result.payload(e) if result.payloads is not None else None
+        if isinstance(pay, np.ndarray) and pay.dtype != np.float64:
+            return Failure(case.label, "messages carry float64",
+                           f"{who(case, e.src)} sent {who(case, e.dst)} a {pay.dtype} message "
+                           f"({pay.size} elements): it rounds the values on the way"
+                           + (f", to about {np.finfo(pay.dtype).eps:.0e} of their size"
+                              if pay.dtype.kind == "f" else ""),
+                           expected="float64 messages, like the layer's inputs",
+                           got=f"dtype {pay.dtype}", hint="All-reduce the float64 arrays as they "
+                           "are: no astype on the way (the grader compares to 1e-10).")
+    return None
+
+
+def _pass_events(result, case, key, d):
+    """The pass that makes ``key`` (y: forward, dx: backward), its name and group
+    ``d``'s messages in it: (name, Pass, events), or None."""
+    pname = {"y": "forward", "dx": "backward"}.get(key)
+    t = case.info["t"]
+    p = case.info["groups"][d].passes.get(pname)
+    if p is None:
+        return None
+    members = range(d * t, (d + 1) * t)
+    return pname, p, [e for e in result.trace if e.src in members and _pass_of(e) == pname]
+
+
+def _averaging(result, case, key, d):
+    """(what, hint) when a message of the pass that makes ``key`` holds partial sums
+    of its operand divided by t: the AllReduce averages. Else None."""
+    found, t = _pass_events(result, case, key, d), case.info["t"]
+    if found is None or found[1].allreduces != 1 or result.payloads is None:
+        return None
+    pname, p, events = found
+    lookup = _Lookup(p, t)
+    for e in events:
+        pay = result.payload(e)
+        if not (type(pay) is np.ndarray and pay.dtype == np.float64):
+            continue
+        mean = None if all(x is not None for x in lookup.read(pay)) else _averaged(p, t, pay)
+        if mean is not None:
+            return (f"your {pname}'s AllReduce averages: rank {e.src}'s message to rank "
+                    f"{e.dst} holds {mean}, divided by t = {t}: a mean of {p.operand}, where "
+                    f"the layer needs their sum", AVERAGE_HINT)
+    return None
+
+
+def _right_allreduce_wrong_operand(result, case, layer, key, d):
+    """(what, hint) when the pass that makes ``key`` (y: forward, dx: backward) did
+    its AllReduce right (every rank of group ``d`` ends with the same value, and
+    the pass moved exactly one AllReduce's bytes) but a rank's first message,
+    sent before it received anything, is not its own part of the operand: the
+    local computation before the AllReduce is wrong, not the AllReduce (whose
+    mistakes, a chunk in the wrong slot, show only in later messages). Else None."""
+    found, t = _pass_events(result, case, key, d), case.info["t"]
+    local = getattr(layer, "LOCAL", {}).get(key)
+    if found is None or local is None:
+        return None
+    pname, p, events = found
+    if t == 1:
+        return (f"with t = 1 nothing is communicated: your {pname} itself computes it wrong",
+                local)
+    if p.allreduces != 1:
+        return None
+    members = range(d * t, (d + 1) * t)
+    i = list(case.info["groups"][d].outputs[0]).index(key)
+    values = [result.outputs[g][1 + i] for g in members]
+    n = p.alternatives[0][0].size
+    want_bytes = 2 * (t - 1) * n * 8
+    if (sum(e.nbytes for e in events) != want_bytes or result.payloads is None
+            or not all(close(v, values[0]) for v in values[1:])):
+        return None
+    lookup = _Lookup(p, t)
+    for r, g in enumerate(members):
+        # A rank's first message, sent before it received anything in the pass, can hold
+        # only its own operand: if it does not, the operand is wrong, not the AllReduce.
+        sent = [e for e in events if e.src == g]
+        got = [e.step for e in events if e.dst == g]
+        if not sent:
+            continue
+        e = min(sent, key=lambda e: e.step)
+        pay = result.payload(e)
+        if got and e.step > min(got) or not (type(pay) is np.ndarray
+                                             and pay.dtype == np.float64):
+            continue
+        if any(x is None or x[0] != SUM or x[1] != (r,) for x in lookup.read(pay)):
+            return (f"the AllReduce is right (every rank ends with the same {_name(key)}, and "
+                    f"your {pname} moved exactly one AllReduce's {want_bytes} bytes), but what "
+                    f"it sums is not {p.operand}: rank {e.src}'s first message, sent before "
+                    f"it received anything, holds values that are not its part of it. The "
+                    f"local {pname} before the AllReduce is wrong.", local)
+    return None
+
+
 # --------------------------------------------------------------------- messages
 
+AVERAGE_HINT = ("AllReduce with a sum and divide by nothing: tensor parallelism adds the "
+                "ranks' parts; a mean (sum / t) is data parallelism's, and multiplying it "
+                "back by t only hides it.")
 SUM, RAW, RESUM = 0, 1, 2      # what an element of a message is (lower: preferred match)
 
 
@@ -440,6 +624,16 @@ def _pass(result, case, events, pname, p, t, layer, first):
                                 f"{getattr(pay, 'dtype', type(pay).__name__)}")
         read = lookup.read(pay)
         if any(x is None for x in read):
+            mean = _averaged(p, t, pay)
+            if mean is not None:
+                return Failure(case.label, f"{pname} communication",
+                               f"your {pname}'s AllReduce averages: rank {e.src}'s message to "
+                               f"rank {e.dst} holds {mean}, divided by t = {t}: a mean of "
+                               f"{p.operand}, where the layer needs their sum",
+                               expected=f"one AllReduce that sums {p.operand} (op SUM): "
+                                        f"partial sums, undivided",
+                               got=f"{pay.size} values: {numbers(pay)}",
+                               hint=AVERAGE_HINT)
             bad = pay.ravel()[[i for i, x in enumerate(read) if x is None]]
             held = "zeros" if not np.any(bad) else f"{bad.size} value(s) that are not"
             return _not_operand(case, pname, p, e, pay, held)
@@ -472,17 +666,32 @@ def _pass(result, case, events, pname, p, t, layer, first):
             what = (f"your {pname} moves {int(times)}x the bytes of one AllReduce of "
                     f"{p.operand}: {int(times)} AllReduces of it?")
         elif times > 1:
-            what = (f"your {pname} moves {times:.3g}x the bytes of one bandwidth-optimal "
-                    f"AllReduce of {p.operand} (every rank sending its whole part to every "
-                    f"other rank?)")
+            what = (f"your {pname} moves {ratio(got_bytes, want_bytes)}x the bytes of one "
+                    f"bandwidth-optimal AllReduce of {p.operand} (every rank sending its "
+                    f"whole part to every other rank?)")
         else:
-            what = (f"your {pname} moves only {times:.3g}x the bytes of one AllReduce of "
-                    f"{p.operand}: part of it (a ReduceScatter without its AllGather?)")
+            what = (f"your {pname} moves only {ratio(got_bytes, want_bytes)}x the bytes of "
+                    f"one AllReduce of {p.operand}: part of it (a ReduceScatter without its "
+                    f"AllGather?)")
         return Failure(case.label, f"{pname} communication", what,
                        expected=f"{want_bytes} bytes in the group: one AllReduce of {n} elements "
                                 f"on t = {t} ranks moves 2(t-1) x {n} x 8 bytes (ring_allreduce)",
                        got=f"{got_bytes} bytes in {len(events)} message(s)", hint=p.hint)
     return _heard_all(case, pname, p, t, heard, first)
+
+
+def _averaged(p, t, pay):
+    """Words for a message whose every element is a partial sum of the pass's operand
+    divided by t (an averaging AllReduce's), or None."""
+    if t < 2:
+        return None
+    scaled = Pass(p.allreduces, p.operand, [[a / t for a in alt] for alt in p.alternatives])
+    read = _Lookup(scaled, t).read(pay)
+    if not read or any(x is None or x[0] != SUM for x in read):
+        return None
+    widest = max(len(x[1]) for x in read)
+    return ("the sum over all the ranks" if widest == t
+            else f"partial sums over {widest} rank(s)")
 
 
 def _heard_all(case, pname, p, t, heard, first):

@@ -55,6 +55,12 @@ HINTS = {"y": G_HINT, "dx": F_HINT,
          "fc.bias": "fc's db_r = dU_r summed over batch and sequence: local.",
          "proj.weight": "proj's dW_r = GeLU(U_r)^T dY over all b*s rows: local.",
          "proj.bias": "proj's db = dY summed over batch and sequence, on every rank: no AllReduce."}
+# A wrong value made before a right AllReduce: the local part of the pass.
+LOCAL = {"y": "Forward on rank r: GeLU(x @ A_r + a_r) @ B_r, with ringlab.nn's GeLU (tanh "
+              "form), then the AllReduce, then proj_bias once.",
+         "dx": "Backward on rank r, in reverse: dH = dY @ B_r^T, dU = dH * GeLU'(U) (GeLU's "
+               "derivative at its input U = x A_r + a_r: GeLU.backward), dX_r = dU @ A_r^T; "
+               "then the AllReduce."}
 ERROR_HINT = None
 
 

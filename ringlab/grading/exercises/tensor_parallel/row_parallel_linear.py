@@ -51,6 +51,9 @@ HINTS = {"y": ALLREDUCE_HINT,
                    "d_out).",
          "bias": "db = dY summed over batch and sequence, on every rank (dY is whole there): no "
                  "AllReduce."}
+# A wrong value made before a right AllReduce: the local part of the pass.
+LOCAL = {"y": "Forward on rank r: x_r @ weight[rows_r] (x_r is rank r's shard of X), then the "
+              "AllReduce, then the bias once."}
 ERROR_HINT = None
 
 

@@ -13,7 +13,8 @@ naming both numbers.
 
 Checks (see ``common.py``), t = 1 to 4, b and s not multiples of t, tp groups
 of 2x2 and 2x3 meshes, and one case where t does not divide the heads: it
-runs (or raises that ValueError); shapes; values equal
+runs (or raises that ValueError, on every rank: a rank that goes on past the
+check, and waits or fails, is named); shapes; values equal
 ``CausalSelfAttention``'s (relative error 1e-10), with the usual mistakes
 diagnosed (qkv split as one contiguous block, heads not block r, no AllReduce
 in a pass, f and g swapped, the bias counted t times); the messages of each
@@ -59,6 +60,13 @@ HEADS_HINT = ("Rank r owns the contiguous heads r*H/t .. (r+1)*H/t - 1: in each 
 HINTS = {"y": G_HINT, "dx": F_HINT, "qkv.weight": HEADS_HINT, "qkv.bias": HEADS_HINT,
          "proj.weight": HEADS_HINT,
          "proj.bias": "proj's db = dY summed over batch and sequence, on every rank: no AllReduce."}
+# A wrong value made before a right AllReduce: the local part of the pass.
+LOCAL = {"y": "Forward on rank r, for its heads only: q, k, v from its qkv columns, causal "
+              "softmax(q k^T / sqrt(head_dim)), times v, then its rows of proj; then the "
+              "AllReduce, then proj_bias once.",
+         "dx": "Backward on rank r, in reverse through its heads: dO = dY @ proj_r^T, then "
+               "through probs @ v, the softmax (dS = P * (dP - sum(P * dP))) and the 1/sqrt "
+               "scale to dq, dk, dv, and dX_r = dqkv @ W_qkv,r^T; then the AllReduce."}
 ERROR_HINT = ("A head cannot be split (its softmax needs all of q.k) and Megatron gives every "
               "rank the same number: check n_heads % comm.world_size and raise "
               "ValueError(f'... {comm.world_size} ... {n_heads} ...') naming both numbers.")

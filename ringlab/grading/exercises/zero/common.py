@@ -291,7 +291,19 @@ def _unlabelled(case, e, p, ag_when):
     hint = ("The grader reads every message: a ReduceScatter must carry your weighted "
             "gradients (partial sums around the ring), an AllGather your shard of the "
             "parameters, float64, one chunk of the zero-padded flat vector per message.")
-    if isinstance(p, np.ndarray) and p.ndim == 1 and p.size not in sizes:
+    whole = _whole_shard(p, info, n, ag_when)
+    if whole is not None:
+        part = "bucket" if ag_when == "after" else "unit"
+        q, t = whole
+        what += (f": rank {q}'s whole shard of the parameters, its pieces of all "
+                 f"{len(info['segments'])} {part}s in one message (training step {t + 1}): "
+                 f"one AllGather of the whole shard, not one per {part}")
+        hint = (f"AllGather each {part}'s piece on its own, {part} by {part}: "
+                + ("for names, piece in zip(layout.names, layout.pieces(opt.params['param'])):"
+                   " ring_allgather(comm, piece) is that bucket's padded flat parameters."
+                   if ag_when == "after" else
+                   "gather a unit's shard just before the unit's forward (and backward)."))
+    elif isinstance(p, np.ndarray) and p.ndim == 1 and p.size not in sizes:
         what += (f": no chunk has that size; the padded flat vectors cut into {n} equal "
                  f"chunks of {', '.join(map(str, sizes))} values")
         hint = ("Pad each flat vector with zeros at the end to a multiple of N before cutting "
@@ -306,10 +318,32 @@ def _unlabelled(case, e, p, ag_when):
     else:
         what += (": neither a partial sum of the ranks' weighted gradients (a ReduceScatter's "
                  "chunk) nor one rank's shard of the parameters (an AllGather's)")
-    return Failure(case.label, "every message carries gradients or parameter shards", what,
+    # the whole shard carries the right data in the wrong collectives: say which
+    check = ("collectives: which, how many, what size" if whole is not None
+             else "every message carries gradients or parameter shards")
+    return Failure(case.label, check, what,
                    expected="ReduceScatter: chunk of the summed weighted gradients; "
-                            "AllGather: one rank's shard of the parameters",
+                            "AllGather: one rank's shard of the parameters"
+                            + ("" if whole is None else f" of one {part}, one AllGather per "
+                                                        f"{part}"),
                    got=numbers(p) if isinstance(p, np.ndarray) else repr(p)[:80], hint=hint)
+
+
+def _whole_shard(p, info, n, ag_when):
+    """(rank, step) when ``p`` is that rank's pieces of every segment, one after the
+    other (the message of one AllGather of a whole shard of several segments), else
+    None."""
+    if not (isinstance(p, np.ndarray) and p.ndim == 1 and len(info["segments"]) > 1):
+        return None
+    for t, step in enumerate(info["ref"]):
+        vecs = step[ag_when]
+        if p.size != sum(len(v) // n for v in vecs):
+            return None
+        for q in range(n):
+            shard = np.concatenate([v[q * (len(v) // n):(q + 1) * (len(v) // n)] for v in vecs])
+            if np.allclose(p, shard, rtol=1e-9, atol=1e-12):
+                return q, t
+    return None
 
 
 def calls_of(labelled, n):
