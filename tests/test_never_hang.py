@@ -100,3 +100,55 @@ def test_a_rank_cannot_ignore_or_block_the_wake_up_signal():
         assert time.monotonic() - t < 3
     # Put back after the run: the process's own code may use them freely again.
     assert (signal.signal.__name__, signal.pthread_sigmask.__name__) == ("signal", "pthread_sigmask")
+
+
+# -- the self-check (ringlab.grade) runs in a process of its own --------------------
+def _ring(comm, x):
+    from ringlab.collectives import ring_allreduce
+    return ring_allreduce(comm, x)
+
+
+def test_a_loop_in_c_code_ends_the_self_check_with_a_failure():
+    import itertools
+
+    def stuck(comm, x):
+        if comm.rank == 1:
+            sum(itertools.repeat(1))        # one C call that never checks for signals
+        return _ring(comm, x)
+    t = time.monotonic()
+    report = ringlab.grade("ring_allreduce", stuck, seed=1)
+    assert time.monotonic() - t < 10 + 5 + 3       # the case's limit, the grace, a margin
+    assert not report.passed and report.failure.check == "the program finishes"
+    assert "stuck inside one call into C code" in report.failure.what, report
+    assert report.cases_passed == 0 and report.cases_total == 18
+
+
+def test_a_crash_in_c_code_is_a_failed_grade_not_a_dead_process():
+    def crash(comm, x):
+        import ctypes
+        ctypes.string_at(0)                 # reads address 0: a segmentation fault
+    report = ringlab.grade("ring_allreduce", crash, seed=1)
+    assert not report.passed and report.failure.check == "the program runs without error"
+    assert "segmentation fault" in report.failure.what, report
+
+
+def test_a_program_that_breaks_python_for_the_simulator_is_graded_not_an_internal_error():
+    import builtins
+
+    def breaks(comm, x):
+        builtins.len = lambda obj: 0         # the simulator uses len() too
+        return _ring(comm, x)
+    real = builtins.len
+    report = ringlab.grade("ring_allreduce", breaks, seed=1)
+    assert builtins.len is real             # the grade ran in a child: nothing changed here
+    assert not report.passed and "Traceback" not in str(report), report
+
+
+def test_the_self_check_sees_the_learners_globals_and_prints():
+    seen = []
+
+    def program(comm, x):
+        seen.append(comm.rank)              # runs in the child: the parent's list stays empty
+        return _ring(comm, x)
+    assert ringlab.grade("ring_allreduce", program, seed=1).passed
+    assert seen == []

@@ -19,20 +19,26 @@ import numpy as np
 
 from ..errors import DeadlockError, ProgramTimeout, RankError, UnreceivedMessagesError
 from ..runner import run
-from . import deadlock
+from . import apart, deadlock
 
 
 # What runs a case: ``ringlab.run`` (all ranks in this process), or, for trusted
 # grading (``ringlab grade``), ``ringlab.grading.isolated.runner()``, one process
 # per rank. Graders call ``run_case``/``active_runner()`` and never need to know.
 _RUNNER = contextvars.ContextVar("ringlab_runner", default=None)
+START = 60.0        # seconds a case may take to set up, before its first run
 # The case whose first run the causality check repeats (see causality.py): a list
 # that run_case fills with that run's (program, inputs, args, timeout).
 _FIRST_RUN = contextvars.ContextVar("ringlab_first_run", default=None)
 
 
 def active_runner():
-    return _RUNNER.get() or run      # `run` looked up now: tests may patch it
+    runner = _RUNNER.get() or run    # `run` looked up now: tests may patch it
+
+    def timed(program, inputs, *, timeout=10.0, **kw):
+        apart.beat(timeout)          # a self-check in a process of its own: see apart.py
+        return runner(program, inputs, timeout=timeout, **kw)
+    return timed
 
 
 @dataclass
@@ -217,7 +223,30 @@ def plain_array(case, who, out, expected):
 
 
 def grade_cases(exercise_id, module, program, *, seed=None, backend="sim", runner=None):
-    """Run ``module``'s cases on ``program``; ``runner`` replaces ``ringlab.run``."""
+    """Run ``module``'s cases on ``program``; ``runner`` replaces ``ringlab.run``.
+
+    With neither (the self-check), the grade runs in a process of its own
+    (``apart.py``), so that a program stuck in C code cannot hang it."""
+    # 12 digits: short enough to retype, too many to search for the seed that
+    # made the hidden cases from the one input a rank sees.
+    seed = secrets.randbelow(10**12) if seed is None else seed
+    if runner is None and backend == "sim":
+        from . import causality, checks  # noqa: F401 - imported here once, not in every child
+        head = Report(exercise_id, False, seed, backend=backend)
+
+        def stopped(where, what, check):
+            label, index, total = where or ("while setting up the cases", 0, 0)
+            head.cases_passed, head.cases_total = index, total
+            head.failure = Failure(label, check, what)
+            return head
+        return apart.run_apart(
+            lambda: _without_errors(_grade_cases(exercise_id, module, program, seed, backend)),
+            lambda where, limit: stopped(where, (
+                f"the program did not finish within its time limit ({limit} s) and could not "
+                f"be interrupted: it is stuck inside one call into C code (a loop in numpy, "
+                f"itertools or a regular expression, say), which Python cannot stop; the "
+                f"grade ran in a process of its own, which was ended"), "the program finishes"),
+            lambda where, why: stopped(where, why, "the program runs without error"))
     token = _RUNNER.set(runner) if runner is not None else None
     try:
         return _grade_cases(exercise_id, module, program, seed, backend)
@@ -226,22 +255,35 @@ def grade_cases(exercise_id, module, program, *, seed=None, backend="sim", runne
             _RUNNER.reset(token)
 
 
+def _without_errors(report):
+    """The report, light enough to travel: the run's error object stays behind."""
+    if report.failure is not None:
+        report.failure.error = None
+    return report
+
+
 def _grade_cases(exercise_id, module, program, seed, backend):
-    # 12 digits: short enough to retype, too many to search for the seed that
-    # made the hidden cases from the one input a rank sees.
-    seed = secrets.randbelow(10**12) if seed is None else seed
+    from . import checks            # checks imports this module: here, not at the top
     cases = list(module.cases(np.random.default_rng(seed)))
     sizes = tuple(sorted({c.world_size for c in cases}))
     report = Report(exercise_id, False, seed, 0, len(cases), sizes, backend=backend)
     causal = _causality_case(cases)
     try:
-        for case in cases:
+        for index, case in enumerate(cases):
+            apart.beat(START, (case.label, index, len(cases)))
             first = []
             token = _FIRST_RUN.set(first if case is causal else None)
+            state = checks.module_state()
             try:
                 failure = module.check(program, case, backend)
+            except NotImplementedYet:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a learner's run is graded, never crashes the grader
+                failure = checks.check_crashed(case, exc)
             finally:
                 _FIRST_RUN.reset(token)
+            # What the program replaced in numpy, Python or ringlab is named first, and put back.
+            failure = checks.patched_modules(state, case) or failure
             if failure is None and first:
                 failure = _causality(case, *first[0])
             if failure is not None:
