@@ -103,6 +103,49 @@ def test_code_cells_are_found():
     assert list(code_cells(text)) == [(3, ":tags: [hide-input]"), (4, "a = 1")]
 
 
+def math_broken_by_a_list(text):
+    """(line number, line) of every Markdown line that starts with a list marker
+    (``+``, ``-``, ``*``, ``1.``) while an inline ``$...$`` opened on an earlier
+    line of the same paragraph is still open: Markdown starts a list there and
+    the formula comes out as raw LaTeX. Code blocks and ``$$`` blocks are skipped."""
+    found, fence, display, dollars = [], None, False, 0
+    for i, line in enumerate(text.splitlines(), start=1):
+        s = line.strip()
+        if fence:
+            if s and set(s) == {fence[0]} and len(s) >= len(fence):
+                fence = None
+            continue
+        if m := re.match(r"^(`{3,}|~{3,})", s):
+            fence = m.group(1)
+            continue
+        if s.startswith("$$") and not (len(s) > 2 and s.endswith("$$")):
+            display, dollars = not display, 0
+            continue
+        if display:
+            continue
+        if not s or s.startswith(":::"):
+            dollars = 0
+            continue
+        if dollars % 2 and re.match(r"^([+*-]|\d+[.)])\s", s):
+            found.append((i, line))
+        dollars += len(re.findall(r"(?<!\\)\$", s))
+    return found
+
+
+def test_no_formula_is_cut_by_a_list_marker():
+    broken = [f"{md.relative_to(ROOT)}:{i}: {line.strip()}"
+              for md in sorted((ROOT / "book").rglob("*.md"))
+              for i, line in math_broken_by_a_list(md.read_text(encoding="utf-8"))]
+    assert not broken, ("a line inside an inline formula starts with a list marker "
+                        "(rewrap it):\n" + "\n".join(broken))
+
+
+def test_the_list_marker_check_finds_a_cut_formula():
+    text = ("A ring takes $2(N-1)(\\ell\n  + \\frac{n}{b})$.\n\n"
+            "- a list $x$\n- item\n\n```python\n$a\n+ b\n```\n")
+    assert math_broken_by_a_list(text) == [(2, "  + \\frac{n}{b})$.")]
+
+
 class OutputText(html.parser.HTMLParser):
     """Collects the text of every <pre> inside a <div class="cell_output ...">."""
 
