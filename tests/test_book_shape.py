@@ -97,6 +97,50 @@ def test_code_cell_lines_fit_the_page():
     assert not too_wide, "code-cell lines wider than 88 columns:\n" + "\n".join(too_wide)
 
 
+def literal_includes(md):
+    """Yield (line number, included file, its lines shown) for every
+    ```{literalinclude} block of chapter ``md``: a whole ``:pyobject:`` (found with
+    ast, ``Class.method`` too) or the lines from ``:start-at:`` to ``:end-at:``."""
+    import ast
+    lines = md.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"^```+\{literalinclude\}\s+(\S+)", line)
+        if not m:
+            continue
+        path = (md.parent / m.group(1)).resolve()
+        opts = {}
+        for opt in lines[i + 1:]:
+            if not (o := re.match(r"^:([\w-]+):\s*(.*)$", opt)):
+                break
+            opts[o.group(1)] = o.group(2)
+        src = path.read_text(encoding="utf-8").splitlines()
+        if "pyobject" in opts:
+            node = ast.parse("\n".join(src))
+            for part in opts["pyobject"].split("."):
+                node = next(n for n in node.body if getattr(n, "name", None) == part)
+            shown = src[node.lineno - 1:node.end_lineno]
+        elif "start-at" in opts:
+            a = next(k for k, l in enumerate(src) if opts["start-at"] in l)
+            b = next(k for k in range(a, len(src)) if opts.get("end-at", "") in src[k])
+            shown = src[a:b + 1]
+        else:
+            shown = src
+        yield i + 1, path, shown
+
+
+def test_included_source_lines_fit_the_page():
+    """Code the chapters include from the library (``literalinclude``) is shown in a
+    code box too: no line wider than 88 columns."""
+    too_wide, found = [], 0
+    for md in sorted((ROOT / "book").rglob("*.md")):
+        for i, path, shown in literal_includes(md):
+            found += 1
+            too_wide += [f"{md.relative_to(ROOT)}:{i}: {path.name}: {width(l)} columns: "
+                         f"{l.strip()[:50]}" for l in shown if width(l) > CODE_WIDTH]
+    assert found >= 10                     # the parser sees the includes
+    assert not too_wide, "included lines wider than 88 columns:\n" + "\n".join(too_wide)
+
+
 def test_code_cells_are_found():
     """The parser above sees the cells (a guard against a check that checks nothing)."""
     text = "x\n```{code-cell} ipython3\n:tags: [hide-input]\na = 1\n```\nb = 2\n"
