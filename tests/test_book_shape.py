@@ -238,6 +238,19 @@ def test_no_output_line_wider_than_the_page():
     assert not too_wide, f"output lines wider than {OUTPUT_WIDTH} columns:\n" + "\n".join(too_wide)
 
 
+@needs_built_book
+def test_notebooks_download_and_no_borrowed_repository_link():
+    """Every chapter's graded notebook downloads from the built book (Sphinx copies
+    it into _downloads/), and no page links to jupyter-book's own repository, the
+    default a _config.yml without repository.url falls back on."""
+    html = Path(BOOK_HTML)
+    shipped = {p.name for p in (html / "_downloads").rglob("*.ipynb")}
+    assert shipped == {p.name for p in (ROOT / "exercises").glob("*.ipynb")}
+    for md in chapters() + ["book/intro"]:
+        page = (html / f"{md}.html").read_text(encoding="utf-8")
+        assert "executablebooks/jupyter-book" not in page, md
+
+
 def test_output_parser_finds_pre_in_cell_outputs():
     p = OutputText()
     p.feed('<div class="cell_output docutils container"><div class="output stream">'
