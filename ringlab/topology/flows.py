@@ -3,7 +3,7 @@
 A *flow* is a message on the wire: it crosses a list of links, and every
 link has a capacity (bytes/s). When flows share links, which rates do they
 get? The usual answer of flow-level network simulators (SimGrid's max-min
-solver, whose default model weights the shares by round-trip time) is
+solver, whose TCP models weight the shares by inverse round-trip time) is
 **max-min fairness**: no flow can go faster without slowing down a flow that
 is already as slow or slower. (ASTRA-sim's congestion-aware analytical
 backend does not share: its links send one chunk at a time, first come first
