@@ -97,10 +97,97 @@ def test_code_cell_lines_fit_the_page():
     assert not too_wide, "code-cell lines wider than 88 columns:\n" + "\n".join(too_wide)
 
 
+def literal_includes(md):
+    """Yield (line number, included file, its lines shown) for every
+    ```{literalinclude} block of chapter ``md``: a whole ``:pyobject:`` (found with
+    ast, ``Class.method`` too) or the lines from ``:start-at:`` to ``:end-at:``."""
+    import ast
+    lines = md.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"^```+\{literalinclude\}\s+(\S+)", line)
+        if not m:
+            continue
+        path = (md.parent / m.group(1)).resolve()
+        opts = {}
+        for opt in lines[i + 1:]:
+            if not (o := re.match(r"^:([\w-]+):\s*(.*)$", opt)):
+                break
+            opts[o.group(1)] = o.group(2)
+        src = path.read_text(encoding="utf-8").splitlines()
+        if "pyobject" in opts:
+            node = ast.parse("\n".join(src))
+            for part in opts["pyobject"].split("."):
+                node = next(n for n in node.body if getattr(n, "name", None) == part)
+            shown = src[node.lineno - 1:node.end_lineno]
+        elif "start-at" in opts:
+            a = next(k for k, l in enumerate(src) if opts["start-at"] in l)
+            b = next(k for k in range(a, len(src)) if opts.get("end-at", "") in src[k])
+            shown = src[a:b + 1]
+        else:
+            shown = src
+        yield i + 1, path, shown
+
+
+def test_included_source_lines_fit_the_page():
+    """Code the chapters include from the library (``literalinclude``) is shown in a
+    code box too: no line wider than 88 columns."""
+    too_wide, found = [], 0
+    for md in sorted((ROOT / "book").rglob("*.md")):
+        for i, path, shown in literal_includes(md):
+            found += 1
+            too_wide += [f"{md.relative_to(ROOT)}:{i}: {path.name}: {width(l)} columns: "
+                         f"{l.strip()[:50]}" for l in shown if width(l) > CODE_WIDTH]
+    assert found >= 10                     # the parser sees the includes
+    assert not too_wide, "included lines wider than 88 columns:\n" + "\n".join(too_wide)
+
+
 def test_code_cells_are_found():
     """The parser above sees the cells (a guard against a check that checks nothing)."""
     text = "x\n```{code-cell} ipython3\n:tags: [hide-input]\na = 1\n```\nb = 2\n"
     assert list(code_cells(text)) == [(3, ":tags: [hide-input]"), (4, "a = 1")]
+
+
+def math_broken_by_a_list(text):
+    """(line number, line) of every Markdown line that starts with a list marker
+    (``+``, ``-``, ``*``, ``1.``) while an inline ``$...$`` opened on an earlier
+    line of the same paragraph is still open: Markdown starts a list there and
+    the formula comes out as raw LaTeX. Code blocks and ``$$`` blocks are skipped."""
+    found, fence, display, dollars = [], None, False, 0
+    for i, line in enumerate(text.splitlines(), start=1):
+        s = line.strip()
+        if fence:
+            if s and set(s) == {fence[0]} and len(s) >= len(fence):
+                fence = None
+            continue
+        if m := re.match(r"^(`{3,}|~{3,})", s):
+            fence = m.group(1)
+            continue
+        if s.startswith("$$") and not (len(s) > 2 and s.endswith("$$")):
+            display, dollars = not display, 0
+            continue
+        if display:
+            continue
+        if not s or s.startswith(":::"):
+            dollars = 0
+            continue
+        if dollars % 2 and re.match(r"^([+*-]|\d+[.)])\s", s):
+            found.append((i, line))
+        dollars += len(re.findall(r"(?<!\\)\$", s))
+    return found
+
+
+def test_no_formula_is_cut_by_a_list_marker():
+    broken = [f"{md.relative_to(ROOT)}:{i}: {line.strip()}"
+              for md in sorted((ROOT / "book").rglob("*.md"))
+              for i, line in math_broken_by_a_list(md.read_text(encoding="utf-8"))]
+    assert not broken, ("a line inside an inline formula starts with a list marker "
+                        "(rewrap it):\n" + "\n".join(broken))
+
+
+def test_the_list_marker_check_finds_a_cut_formula():
+    text = ("A ring takes $2(N-1)(\\ell\n  + \\frac{n}{b})$.\n\n"
+            "- a list $x$\n- item\n\n```python\n$a\n+ b\n```\n")
+    assert math_broken_by_a_list(text) == [(2, "  + \\frac{n}{b})$.")]
 
 
 class OutputText(html.parser.HTMLParser):
@@ -149,6 +236,19 @@ def test_no_output_line_wider_than_the_page():
                    if "output width" in checks and md not in pending)
     assert not fixed, f"these now pass: remove 'output width' from PENDING: {fixed}"
     assert not too_wide, f"output lines wider than {OUTPUT_WIDTH} columns:\n" + "\n".join(too_wide)
+
+
+@needs_built_book
+def test_notebooks_download_and_no_borrowed_repository_link():
+    """Every chapter's graded notebook downloads from the built book (Sphinx copies
+    it into _downloads/), and no page links to jupyter-book's own repository, the
+    default a _config.yml without repository.url falls back on."""
+    html = Path(BOOK_HTML)
+    shipped = {p.name for p in (html / "_downloads").rglob("*.ipynb")}
+    assert shipped == {p.name for p in (ROOT / "exercises").glob("*.ipynb")}
+    for md in chapters() + ["book/intro"]:
+        page = (html / f"{md}.html").read_text(encoding="utf-8")
+        assert "executablebooks/jupyter-book" not in page, md
 
 
 def test_output_parser_finds_pre_in_cell_outputs():

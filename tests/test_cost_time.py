@@ -176,6 +176,15 @@ def test_crossover_table_agrees_with_fastest():
         assert cost.fastest(pair, n, x * 2, 1e-5, 1e-9) == r["above"]
 
 
+def test_infiniband_rows_cite_infiniband_adapters():
+    """An InfiniBand rate comes from an InfiniBand (VPI) adapter's manual, not from
+    the Ethernet-only card's (ConnectX-6 EN)."""
+    for name, row in INTERCONNECTS.items():
+        if name.startswith("InfiniBand"):
+            assert "ConnectX6EN" not in row.source and "Ethernet adapter" not in row.source
+    assert "InfiniBand/VPI" in INTERCONNECTS["InfiniBand HDR"].source
+
+
 def test_interconnect_rows_are_per_direction_and_sourced():
     gb = {name: row.gb_per_s for name, row in INTERCONNECTS.items()}
     assert gb["NVLink 3"] == 300 and gb["NVLink 4"] == 450 and gb["NVLink 5"] == 900

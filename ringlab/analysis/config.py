@@ -187,8 +187,10 @@ class Hardware:
     (NVLink), ``inter_bw`` to another node (its share of the node's NICs);
     latencies in seconds. ``peak_flops``: dense 16-bit FLOP/s of one GPU;
     ``achieved``: the fraction of it the matmuls reach (an assumption you state,
-    not a measurement); ``memory``: bytes of one GPU's memory. ``gpus``: the
-    cluster's size, if you want the layout checked against it."""
+    not a measurement); ``memory``: bytes of one GPU's memory (the analyzer's GB
+    are 1e9 bytes throughout: the presets' ``80e9`` is 80 GB, not 80 GiB;
+    ``memory=80 * 2**30`` counts an 80 GiB card). ``gpus``: the cluster's size,
+    if you want the layout checked against it."""
 
     name: str = "cluster"
     gpus_per_node: int = 8

@@ -42,6 +42,7 @@ HARDWARE = {
     # 600 GB/s per GPU both directions together, 300 each way), eight 200 Gb/s HDR
     # InfiniBand NICs per node (25 GB/s per GPU), 312 TFLOP/s dense 16-bit.
     # achieved = 0.75 is our assumption for the matmuls, fixed before any comparison.
+    # memory: "80 GB" as 80e9 bytes, the analyzer's GB (10^9 bytes) everywhere.
     "dgx-a100": Hardware("dgx-a100", gpus_per_node=8, intra_bw=300e9, inter_bw=25e9,
                          intra_latency=5e-6, inter_latency=10e-6, peak_flops=312e12,
                          achieved=0.75, memory=80e9),

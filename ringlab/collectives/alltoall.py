@@ -113,7 +113,8 @@ def ring_alltoall(comm, blocks):
     blocks = _check_blocks(comm, blocks, "ring_alltoall")
     shapes = {b.shape for b in blocks}
     if len(shapes) > 1:
-        raise ValueError(f"rank {rank}: ring_alltoall needs blocks of one shape, got shapes {sorted(shapes)}")
+        raise ValueError(f"rank {rank}: ring_alltoall needs blocks of one shape, "
+                         f"got shapes {sorted(shapes)}")
     right, left = (rank + 1) % n, (rank - 1) % n
     out = [None] * n
     out[rank] = blocks[rank].copy()

@@ -82,13 +82,16 @@ def chain_broadcast(comm, x, root=0, segments=1):
     that is nearly as fast as sending it over a single link.
 
     >>> import numpy as np, ringlab
-    >>> res = ringlab.run(chain_broadcast, [np.arange(6.0), None, None, None], kwargs={"segments": 3})
+    >>> res = ringlab.run(chain_broadcast, [np.arange(6.0), None, None, None],
+    ...                   kwargs={"segments": 3})
     >>> res.outputs[3], res.trace.steps    # 4 - 2 + 3
     (array([0., 1., 2., 3., 4., 5.]), 5)
     """
     n, rank = comm.world_size, comm.rank
-    if isinstance(segments, bool) or not isinstance(segments, (int, np.integer)) or segments < 1:
-        raise ValueError(f"rank {rank}: chain_broadcast(segments={segments!r}): segments must be an int >= 1")
+    if (isinstance(segments, bool) or not isinstance(segments, (int, np.integer))
+            or segments < 1):
+        raise ValueError(f"rank {rank}: chain_broadcast(segments={segments!r}): "
+                         "segments must be an int >= 1")
     i, x = _start(comm, x, root, "chain_broadcast")
     prev, nxt = (rank - 1) % n, (rank + 1) % n
     last = i == n - 1                      # the end of the chain forwards nothing
@@ -110,7 +113,8 @@ def tree_broadcast(comm, x, root=0):
     the rank at position i = (rank - root) mod N has children 2i+1 and 2i+2.
 
     >>> import numpy as np, ringlab
-    >>> res = ringlab.run(tree_broadcast, [None, None, np.ones(2), None, None], args=(2,))
+    >>> res = ringlab.run(tree_broadcast, [None, None, np.ones(2), None, None],
+    ...                   args=(2,))
     >>> [(e.step, e.src, e.dst) for e in res.trace]
     [(1, 2, 3), (2, 2, 4), (2, 3, 0), (3, 3, 1)]
     """

@@ -71,8 +71,10 @@ ROWS = [
     Interconnect("PCIe 4.0 x16", _pcie_x16(16), "x16 link", None, _PCIE),
     Interconnect("PCIe 5.0 x16", _pcie_x16(32), "x16 link", None, _PCIE),
     Interconnect("InfiniBand HDR", _gbit(200), "NIC port", 600e-9,
-                 "https://docs.nvidia.com/networking/display/ConnectX6EN/Introduction "
-                 "(ConnectX-6: 200 Gb/s, 'sub-600ns latency')",
+                 "https://docs.nvidia.com/networking/display/ConnectX6VPI (NVIDIA "
+                 "ConnectX-6 InfiniBand/VPI Adapter Cards User Manual: 'HDR IB "
+                 "(200Gb/s)'); latency: https://lenovopress.lenovo.com/lp1195 "
+                 "(ConnectX-6 HDR VPI adapters: 'sub-600 nanosecond latency')",
                  "latency: the adapter's, an upper bound, without switches"),
     Interconnect("InfiniBand NDR", _gbit(400), "NIC port", None,
                  "https://docs.nvidia.com/networking/display/ConnectX7VPI/Introduction "

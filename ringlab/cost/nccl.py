@@ -28,10 +28,10 @@ In microseconds and GB/s (1e9 bytes/s) as in the source:
   tree 2 times (``ratio = .5``: up and down, each byte once per direction,
   pipelined, *not* 2 log2(N) full-size transfers).
 * time = latency + nBytes / (1000 * bandwidth), with the tree's bandwidth
-  multiplied by ``treeCorrectionFactor`` for messages under 256 MiB and the
-  multi-node ring/Simple latency by 1.4 (compute capability >= 8.0, else
-  1.9: "plateau effect of ring") once each rank's share per channel reaches
-  64 bytes.
+  multiplied by ``treeCorrectionFactor`` for messages under 512 MiB
+  (``log2i(nBytes >> 6) < 23``) and the multi-node ring/Simple latency by 1.4
+  (compute capability >= 8.0, else 1.9: "plateau effect of ring") once each
+  rank's share per channel reaches 64 bytes.
 
 Simplifications, all stated: the topology search is not modelled (you give
 ``n_channels`` and the per-channel ``bw_intra``/``bw_inter`` that NCCL logs
@@ -81,7 +81,8 @@ PER_CH_MAX_RING_LL128_BWS = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7
 PER_CH_MAX_TREE_LL128_BWS = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0))
 PER_CH_MAX_TREE_BWS = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0))
 
-# treeCorrectionFactor[p][log2i(nBytes >> 6)]: powers of two from 64 B to 256 MB.
+# treeCorrectionFactor[p][log2i(nBytes >> 6)]: entry k for sizes in [64 B * 2^k,
+# 64 B * 2^(k+1)), k = 0..22: from 64 B to just under 512 MiB.
 TREE_CORRECTION_FACTOR = {
     "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9,
            1.0, 1.0, 1.0, 1.0),

@@ -74,11 +74,11 @@ def async_ps(comm, spec, s=math.inf):
 def ps_worker(comm, task):
     pushed = 0
     while True:
-        params = comm.recv(0)                # pull: blocks while the server holds us back
-        if params.size == 0:                 # STOP: the server has handed out all the work
+        params = comm.recv(0)            # pull: blocks while the server holds us back
+        if params.size == 0:             # STOP: the server has handed out all the work
             return None
         grad = task.work(comm, params, pushed)
-        comm.send(grad, 0, op="apply")       # push, and go on at once: no barrier
+        comm.send(grad, 0, op="apply")   # push, and go on at once: no barrier
         pushed += 1
 
 

@@ -133,7 +133,8 @@ def ddp_sync(comm, params, backward, cap_bytes=BUCKET_CAP_BYTES,
     """DDP: buckets in reverse layer order, each AllReduced on the communication
     stream as soon as its last gradient is ready, overlapping backward."""
     buckets = assign_buckets(params, cap_bytes, first_bucket_bytes)
-    flats = [FlatBuffer({n: np.zeros_like(params[n]) for n in names}) for names in buckets]
+    flats = [FlatBuffer({n: np.zeros_like(params[n]) for n in names})
+             for names in buckets]
     where = {name: b for b, names in enumerate(buckets) for name in names}
     missing = [len(names) for names in buckets]
     works = []
@@ -149,7 +150,7 @@ def ddp_sync(comm, params, backward, cap_bytes=BUCKET_CAP_BYTES,
             works.append(comm.start(ring_allreduce, data, out=data))
     out = {}
     for work, flat in zip(works, flats):
-        _average(comm, work.wait())                  # wait only when the optimizer needs it
+        _average(comm, work.wait())          # wait only when the optimizer needs it
         out.update(flat.views)
     return {name: out[name] for name in params}
 

@@ -32,7 +32,12 @@ from ..nn import SGD, flatten, mlp_model, mse
 
 def shard(x, rank, world_size):
     """Rank's contiguous slice of a global batch ``x`` (``np.array_split``: sizes
-    differ by at most one), as ``DistributedSampler`` gives each rank its part."""
+    differ by at most one). Not ``DistributedSampler``'s way: it pads or drops the
+    dataset to a multiple of the world size and takes ``indices[rank::world_size]``.
+
+    >>> shard(np.arange(5), 0, 2), shard(np.arange(5), 1, 2)
+    (array([0, 1, 2]), array([3, 4]))
+    """
     return np.array_split(x, world_size)[rank]
 
 

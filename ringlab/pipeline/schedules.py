@@ -100,13 +100,15 @@ def interleaved_1f1b_rank(r, p, m, v):
     r + (v - 1) p. The rank runs ``v * m`` forwards: microbatches go through
     its chunks in groups of p (chunk 0 for microbatches 0..p-1, chunk 1 for the
     same p, ..., then chunk 0 for the next p). Backwards visit the chunks in
-    the opposite order. Megatron requires ``m`` to be a multiple of ``p`` so
-    that the groups of p come out even.
+    the opposite order. ``m`` must be a multiple of ``p`` so that the groups of
+    p come out even: Megatron-LM's rule with its default group size
+    (``microbatch_group_size_per_vp_stage = p``).
 
     Warm-up: ``(v - 1) p + 2 (p - 1 - r)`` forwards (at most ``v m``), then one
     forward and one backward in turn, then the remaining backwards.
-    Megatron (but not torch) puts everything in the warm-up when m = p; we
-    follow torch's ``ScheduleInterleaved1F1B``, which does not.
+    Megatron-LM before November 2024 (but not torch, nor Megatron since) put
+    everything in the warm-up when m = p; we follow torch's
+    ``ScheduleInterleaved1F1B``, which does not.
 
     >>> print(picture(interleaved_1f1b(p=2, m=2, v=2)))  # sFi: stage s, microbatch i
     rank 0: 0F0 0F1 2F0 2F1 .   2B0 .   2B1 0B0 0B1

@@ -2,10 +2,12 @@
 
 A *flow* is a message on the wire: it crosses a list of links, and every
 link has a capacity (bytes/s). When flows share links, which rates do they
-get? The usual answer of flow-level network simulators (SimGrid's, and
-ASTRA-sim's congestion-aware analytical backend) is **max-min fairness**: no
-flow can go faster without slowing down a flow that is already as slow or
-slower. Progressive filling computes it (Bertsekas and Gallager, *Data
+get? The usual answer of flow-level network simulators (SimGrid's max-min
+solver, whose TCP models weight the shares by inverse round-trip time) is
+**max-min fairness**: no flow can go faster without slowing down a flow that
+is already as slow or slower. (ASTRA-sim's congestion-aware analytical
+backend does not share: its links send one chunk at a time, first come first
+served, store-and-forward.) Progressive filling computes it (Bertsekas and Gallager, *Data
 Networks*, section 6.5.2):
 
 1. every flow starts at rate 0 and all rates grow together;

@@ -4,9 +4,9 @@
 graph from ``ringlab.topology.graphs`` (default: the ``i``-th GPU). As the
 ``network=`` of ``ringlab.run`` every message becomes a **flow** along its route
 (``ringlab.topology.routing``), and the flows on the wire share the links
-max-min fairly (``ringlab.topology.flows``): the flow-level model of SimGrid
-and of ASTRA-sim's congestion-aware analytical backend. So any program gets a
-time that includes contention::
+max-min fairly (``ringlab.topology.flows``): the flow-level model of
+SimGrid's network models. So any program gets a time that includes
+contention::
 
     >>> import numpy as np, ringlab
     >>> from ringlab.collectives import ring_allreduce

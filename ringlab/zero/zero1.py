@@ -54,7 +54,8 @@ from .sharding import check_shard, load_flat, master_shard
 
 
 @answer('zero1_step')
-def zero1_step(comm, model, opt, x, y, batch_size, loss_fn=mse, *, flops_per_second=None):
+def zero1_step(comm, model, opt, x, y, batch_size, loss_fn=mse, *,
+               flops_per_second=None):
     """One ZeRO-1 step on this rank's shard ``(x, y)`` of a global batch of
     ``batch_size`` samples. ``opt`` optimizes this rank's shard of the master
     weights (``Adam(master_shard(...))``); ``model`` is updated in place.
@@ -66,14 +67,15 @@ def zero1_step(comm, model, opt, x, y, batch_size, loss_fn=mse, *, flops_per_sec
     # Padded to a multiple of N, so the ReduceScatter's chunks are equal and
     # chunk r is exactly the master shard rank r owns.
     grads = flatten(model.named_grads(), pad_to=comm.world_size)
-    grads.data *= len(x) / batch_size          # my share of the batch, as in sync_sgd_step
+    grads.data *= len(x) / batch_size          # my share of the batch (sync_sgd_step)
     my_grad = ring_reduce_scatter(comm, grads.data)
     # ZeRO-1 keeps the full gradients ("grads"): only ZeRO-2 shards them.
     master = opt.params["param"]
     check_shard(comm, master, my_grad)
-    opt.step(my_grad.astype(master.dtype))     # fp16 grads -> fp32 master, in mixed precision
-    # Every rank sends its updated shard in the model's precision and receives the others.
-    load_flat(model.named_parameters(), ring_allgather(comm, master.astype(grads.data.dtype)))
+    opt.step(my_grad.astype(master.dtype))     # mixed precision: fp16 -> fp32 master
+    # Every rank sends its updated shard in the model's precision, receives the others.
+    full = ring_allgather(comm, master.astype(grads.data.dtype))
+    load_flat(model.named_parameters(), full)
     return loss
 
 

@@ -254,12 +254,13 @@ def zero3_step(comm, model, opt, x, y, batch_size, loss_fn=mse):
     for i, unit in enumerate(units):
         unit.unshard(comm)
         if model.prefetch and i + 1 < len(units):
-            units[i + 1].prefetch(comm)       # its AllGather runs while this unit computes
+            units[i + 1].prefetch(comm)   # its AllGather runs while this unit computes
         x = unit.forward(comm, x)
         if model.reshard_after_forward:
             unit.reshard(comm)
     loss, dy = loss_fn(x, y)
-    # Backward, last unit first: gather again (FULL_SHARD), compute, ReduceScatter, free.
+    # Backward, last unit first: gather again (FULL_SHARD), compute,
+    # ReduceScatter, free.
     for i in reversed(range(len(units))):
         unit = units[i]
         unit.unshard(comm)
@@ -276,7 +277,7 @@ def zero3_step(comm, model, opt, x, y, batch_size, loss_fn=mse):
               for u, m in zip(units, model.masters().values())})
     for unit in units:
         if unit.master is not None:
-            unit.shard[...] = unit.master     # rounded to the low precision the gathers send
+            unit.shard[...] = unit.master  # rounded to the gathers' low precision
     return loss
 
 
