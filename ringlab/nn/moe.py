@@ -235,17 +235,24 @@ class MoE(Module):
 
     def dlogits(self, dgate):
         """The router logits' gradient from the gates' (N, k) and the aux loss."""
-        r = self.routing
-        dprobs = self.aux_loss_coef * load_balancing_loss(r)[1]
-        dlogits = np.zeros_like(r.probs)
-        if self.gating == "topk_softmax":
-            # Softmax over the chosen k: dz_j = g_j (dg_j - sum_l g_l dg_l), chosen j only.
-            dz = r.gate * (dgate - (r.gate * dgate).sum(axis=1, keepdims=True))
-            np.put_along_axis(dlogits, r.expert, dz, axis=1)
-        else:
-            dprobs = dprobs.copy()
-            np.put_along_axis(dprobs, r.expert,
-                              np.take_along_axis(dprobs, r.expert, axis=1) + dgate, axis=1)
-        # Through the full softmax: dz = p * (dp - sum_j p_j dp_j).
-        p = r.probs
-        return dlogits + p * (dprobs - (p * dprobs).sum(axis=1, keepdims=True))
+        return router_grad(self.routing, dgate, self.gating, self.aux_loss_coef)
+
+
+def router_grad(routing, dgate, gating, aux_loss_coef):
+    """d loss / d logits (N, E), from ``dgate`` (N, k), the gradient of each
+    assignment's gate (0 for dropped ones), plus ``aux_loss_coef`` times the
+    load-balancing loss's."""
+    r = routing
+    dprobs = aux_loss_coef * load_balancing_loss(r)[1]
+    dlogits = np.zeros_like(r.probs)
+    if gating == "topk_softmax":
+        # Softmax over the chosen k: dz_j = g_j (dg_j - sum_l g_l dg_l), chosen j only.
+        dz = r.gate * (dgate - (r.gate * dgate).sum(axis=1, keepdims=True))
+        np.put_along_axis(dlogits, r.expert, dz, axis=1)
+    else:
+        dprobs = dprobs.copy()
+        np.put_along_axis(dprobs, r.expert,
+                          np.take_along_axis(dprobs, r.expert, axis=1) + dgate, axis=1)
+    # Through the full softmax: dz = p * (dp - sum_j p_j dp_j).
+    p = r.probs
+    return dlogits + p * (dprobs - (p * dprobs).sum(axis=1, keepdims=True))
