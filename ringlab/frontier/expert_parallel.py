@@ -51,6 +51,7 @@ from ..collectives import alltoall, ring_allreduce
 from ..comm import collective
 from ..nn import Module
 from ..nn.moe import load_balancing_loss, route, router_grad, top_k_experts
+from .nodes import cross_node_bytes  # noqa: F401  (re-exported: EP's cross-node bytes)
 
 
 # -- who holds which experts ------------------------------------------------------------
@@ -357,12 +358,6 @@ def node_dispatch_combine(comm, mesh, tokens, gates, expert):
         if len(rows[b]):
             y[rows[b]] += back[b]
     return y
-
-
-def cross_node_bytes(trace, ranks_per_node):
-    """Bytes of the messages whose sender and receiver sit on different nodes,
-    ranks ``k * ranks_per_node ..`` forming node k."""
-    return sum(e.nbytes for e in trace if e.src // ranks_per_node != e.dst // ranks_per_node)
 
 
 # -- load imbalance -----------------------------------------------------------------------
