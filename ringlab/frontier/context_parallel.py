@@ -107,9 +107,7 @@ class ContextParallelAttention(Module):
 
     @classmethod
     def from_attention(cls, attn, comm, method="ring", layout="zigzag", **core_options):
-        mine = copy.copy(attn)                      # shares nothing mutable below:
-        mine.qkv, mine.proj = copy.deepcopy(attn.qkv), copy.deepcopy(attn.proj)
-        return cls(mine, comm, method, layout, **core_options)
+        return cls(copy.deepcopy(attn), comm, method, layout, **core_options)   # my replica
 
     def forward(self, x):
         """x: this rank's tokens (b, n, dim), in the layout's order."""

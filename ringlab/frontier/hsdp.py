@@ -1,4 +1,4 @@
-"""Hybrid sharding (HSDP; FSDP2's ``fully_shard`` on a 2-D mesh): shard inside a node, replicate across.
+"""Hybrid sharding (HSDP, FSDP2 on a 2-D mesh): shard inside a node, replicate across nodes.
 
 ZeRO-3 over all N ranks (``ringlab.zero.zero3``) gathers every unit from
 everyone, so every AllGather and ReduceScatter crosses the slow links between

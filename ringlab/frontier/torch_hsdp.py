@@ -16,6 +16,10 @@ flat buffer: another partition, the same elementwise Adam. It averages the
 gradients over all R*S ranks, the global mean when every rank has as many
 samples: use batches divisible by R*S. Works on torch 2.13's CPU build (gloo
 has the ReduceScatter FSDP2 needs); needs torch, importing this module does not.
+
+    >>> twin = torch_twin64([4, 8, 2], seed=0)          # (needs torch)
+    >>> twin[0].weight.shape, twin[0].weight.dtype      # torch's (out, in)
+    (torch.Size([8, 4]), torch.float64)
 """
 
 import numpy as np

@@ -33,9 +33,12 @@ def run_layer(method, layout, c, kv_heads, **options):
         dx = layer.backward(shard(dy, comm.rank, c, layout, axis=1))
         return y, dx, {k: g.copy() for k, g in layer.named_grads().items()}
 
+    before = {k: p.copy() for k, p in attn.named_parameters().items()}
     res = ringlab.run(program, [None] * c)
-    ref = CausalSelfAttention(DIM, HEADS, np.random.default_rng(0), kv_heads=kv_heads)
-    want = ref.forward(x), ref.backward(dy), ref.named_grads()
+    # The ranks trained replicas: the layer they came from is untouched, and is the reference.
+    assert all(np.array_equal(before[k], p) for k, p in attn.named_parameters().items())
+    assert not any(g.any() for g in attn.named_grads().values())
+    want = attn.forward(x), attn.backward(dy), attn.named_grads()
     return res, want, (x, dy)
 
 

@@ -125,3 +125,9 @@ def test_fully_shard_on_a_2d_mesh_agrees():
     start = single_process_adam([], **kw)[1]
     assert np.abs(ours - start).max() > 1e-2
     np.testing.assert_allclose(torch_params, ours, rtol=0, atol=1e-10)
+
+
+def test_runs_are_deterministic():
+    a, b = (ringlab.run(hsdp_adam, [BATCHES] * 6, kwargs=dict(KW, shape=(2, 3)))
+            for _ in range(2))
+    assert a.trace == b.trace and np.array_equal(a.outputs[0][1], b.outputs[0][1])
