@@ -3,8 +3,8 @@
 Each rank holds n = s/c tokens of every sequence. Which ones is the *layout*:
 
 * ``"contiguous"``: rank r holds tokens r*n .. (r+1)*n - 1. Under a causal
-  mask rank r's queries see r+1 of the c key blocks, so rank c-1 does about
-  2c/(c+1) times the average work and everyone waits for it.
+  mask rank r's queries see r full key blocks and half of its own: rank c-1
+  does about (2c-1)/c, nearly twice, the average work, and everyone waits for it.
 * ``"zigzag"``: cut the sequence into 2c chunks of n/2 tokens; rank r holds
   chunks r and 2c-1-r, one early and one late (Llama 3, section 3.3.2: "The
   i-th CP rank received both the i-th and the (2 x CP - 1 - i)-th chunks").

@@ -16,8 +16,9 @@ held more than one foreign block or the whole score matrix.
   timeline shows each hop hidden under a block's compute when compute is
   longer; ``overlap=False`` sends after computing, for comparison.
 * **Causal load.** With the contiguous layout rank r's queries see only
-  blocks 0..r: rank c-1 works c times as long as rank 0, and everyone waits
-  for it. The zig-zag layout gives every rank the same work in every step.
+  blocks 0..r: rank c-1 computes c-1 full blocks and its diagonal, rank 0
+  only its diagonal, and everyone waits for rank c-1. The zig-zag layout
+  gives every rank the same work in every step.
 * **Backward.** The gradients of a block's keys and values are summed where
   its queries are: the dK, dV accumulator of block j follows block j around
   the ring, one hop behind it. Rank r adds its share of block j's dK, dV
