@@ -29,6 +29,7 @@ from .layernorm import LayerNorm
 from .embedding import Embedding
 from .attention import CausalSelfAttention
 from .mlp import MLP, mlp_model
+from .moe import MoE
 from .gpt import GPT, TransformerBlock
 from .losses import cross_entropy, mse
 from .optim import SGD, Adam
@@ -37,6 +38,6 @@ from . import data
 
 __all__ = [
     "Module", "Sequential", "Linear", "GeLU", "Dropout", "LayerNorm", "Embedding",
-    "CausalSelfAttention", "MLP", "TransformerBlock", "GPT", "mlp_model", "cross_entropy", "mse", "SGD", "Adam",
+    "CausalSelfAttention", "MLP", "MoE", "TransformerBlock", "GPT", "mlp_model", "cross_entropy", "mse", "SGD", "Adam",
     "FlatBuffer", "flatten", "count_params", "param_bytes", "data",
 ]

@@ -56,6 +56,11 @@ class ParallelAttention(CausalSelfAttention):
     @classmethod
     def from_attention(cls, attn, comm, *, sequence_parallel=False, store_input_shard=True):
         H, hd, t = attn.n_heads, attn.head_dim, comm.world_size
+        if attn.kv_heads is not None:
+            raise ValueError(f"rank {comm.rank}: this layer has {attn.kv_heads} K/V heads for "
+                             f"{H} query heads (grouped-query attention); ParallelAttention "
+                             f"splits plain multi-head attention. Use GQAParallelAttention "
+                             f"(Part 7), which also replicates K/V heads when t > kv_heads")
         if H % t:
             raise ValueError(f"tensor-parallel degree {t} does not divide the number of heads "
                              f"{H}: each rank must hold whole heads, the same number of them")

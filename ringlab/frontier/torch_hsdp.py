@@ -1,0 +1,88 @@
+"""The cross-check: the same training with PyTorch's FSDP2 ``fully_shard`` on a 2-D mesh.
+
+``train_fsdp2(shape, batches, sizes=..., seed=..., lr=...)`` spawns R*S CPU
+processes (gloo), lays them out with ``init_device_mesh("cpu", (R, S),
+mesh_dim_names=("replicate", "shard"))``, builds in each the float64 torch twin
+of ``ringlab.nn.mlp_model(sizes)``, applies ``fully_shard(layer, mesh=mesh)``
+to every Linear and then to the whole model (FSDP2's HSDP: parameters sharded
+over "shard", replicated over "replicate", gradients reduce-scattered in the
+one and all-reduced in the other), and trains it with ``torch.optim.Adam`` on
+the rank's shard of every batch. Returns rank 0's final parameters (gathered
+with ``full_tensor()``) as ringlab's flat float64 vector, to compare with
+``hsdp.hsdp_adam``.
+
+FSDP2 shards each parameter along its first dimension (``Shard(0)``), not a
+flat buffer: another partition, the same elementwise Adam. It averages the
+gradients over all R*S ranks, the global mean when every rank has as many
+samples: use batches divisible by R*S. Works on torch 2.13's CPU build (gloo
+has the ReduceScatter FSDP2 needs); needs torch, importing this module does not.
+
+    >>> twin = torch_twin64([4, 8, 2], seed=0)          # (needs torch)
+    >>> twin[0].weight.shape, twin[0].weight.dtype      # torch's (out, in)
+    (torch.Size([8, 4]), torch.float64)
+"""
+
+import numpy as np
+
+from ..data_parallel.torch_ddp import run_gloo_workers
+from ..nn import mlp_model
+
+
+def torch_twin64(sizes, seed):
+    """``mlp_model(sizes, default_rng(seed))`` as a float64 ``torch.nn.Sequential``
+    (weights transposed to torch's (out, in))."""
+    import torch
+
+    layers = []
+    for layer in mlp_model(sizes, np.random.default_rng(seed)).layers:
+        if "weight" in layer.params:
+            lin = torch.nn.Linear(layer.in_features, layer.out_features, dtype=torch.float64)
+            with torch.no_grad():
+                lin.weight.copy_(torch.from_numpy(layer.params["weight"].T.copy()))
+                lin.bias.copy_(torch.from_numpy(layer.params["bias"]))
+            layers.append(lin)
+        else:
+            layers.append(torch.nn.GELU(approximate="tanh"))
+    return torch.nn.Sequential(*layers)
+
+
+def _worker(rank, world_size, init_file, shape, batches, sizes, seed, lr, out_file):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world_size)
+    try:
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
+        model = torch_twin64(sizes, seed)
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        for x, y in batches:
+            xs = torch.from_numpy(np.array_split(x, world_size)[rank])
+            ys = torch.from_numpy(np.array_split(y, world_size)[rank])
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(xs), ys).backward()
+            opt.step()
+        full = []                                   # every rank takes part in full_tensor()
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                full += [layer.weight.full_tensor().detach().numpy().T.ravel(),
+                         layer.bias.full_tensor().detach().numpy()]
+        if rank == 0:
+            np.save(out_file, np.concatenate(full))
+    finally:
+        dist.destroy_process_group()
+
+
+def train_fsdp2(shape, batches, *, sizes, seed, lr, timeout=120.0):
+    """FSDP2 HSDP on R*S gloo processes; rank 0's final parameters, flat.
+    Raises ``TimeoutError`` if the processes have not finished within ``timeout`` s."""
+    R, S = shape
+    return run_gloo_workers(_worker, R * S, (tuple(shape), batches, sizes, seed, lr),
+                            what="FSDP2 fully_shard (HSDP)", timeout=timeout)
