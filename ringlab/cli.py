@@ -114,7 +114,11 @@ def _grade(args):
 
 def _make_exercises(args):
     from .authoring import make_exercises
-    changed = make_exercises(args.root, check=args.check)
+    try:
+        changed = make_exercises(args.root, check=args.check)
+    except ValueError as e:            # a solution notebook without its metadata: nothing written
+        print(f"ringlab make-exercises: {e}", file=sys.stderr)
+        return 2
     for p in changed:
         print(("would change " if args.check else "wrote ") + str(p))
     return 1 if (args.check and changed) else 0

@@ -10,7 +10,8 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from ringlab.authoring import make_exercises, strip_solution
-from ringlab.grading.trusted import grade_notebook
+from ringlab.grading import GRADERS
+from ringlab.grading.trusted import exercises_of, grade_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
@@ -33,6 +34,51 @@ def test_exercises_are_exactly_what_the_solutions_generate():
     for sol in SOLUTIONS:
         ex = (ROOT / "exercises" / sol.name).read_text()
         assert "BEGIN SOLUTION" not in ex and "NotImplementedError" in ex
+
+
+def test_every_notebook_says_which_exercises_it_holds():
+    """A renamed notebook (alice_hw7.ipynb) is graded by its metadata, never by its name."""
+    notebooks = SOLUTIONS + sorted((ROOT / "exercises").glob("*.ipynb"))
+    assert len(notebooks) == 2 * len(SOLUTIONS)
+    lacking = [p.relative_to(ROOT).as_posix() for p in notebooks
+               if not nbformat.read(p, as_version=4).metadata.get("ringlab", {}).get("exercises")]
+    assert lacking == []
+    graded = {e for p in SOLUTIONS for e in nbformat.read(p, as_version=4).metadata.ringlab.exercises}
+    assert graded == set(GRADERS), "every exercise id has a notebook, and only those"
+
+
+def _solution(tmp_path, metadata):
+    (tmp_path / "solutions").mkdir()
+    nb = new_notebook(cells=[new_code_cell("import ringlab\n\ndef f(comm, x):\n    # BEGIN SOLUTION\n"
+                                           "    return x\n    # END SOLUTION"),
+                             new_code_cell('ringlab.grade("ring_allreduce", f)')],
+                      metadata=metadata)
+    nbformat.write(nb, tmp_path / "solutions" / "01_mine.ipynb")
+
+
+def test_make_exercises_copies_the_metadata(tmp_path):
+    _solution(tmp_path, {"ringlab": {"exercises": {"ring_allreduce": "f"}}})
+    assert make_exercises(tmp_path) == [tmp_path / "exercises" / "01_mine.ipynb"]
+    ex = nbformat.read(tmp_path / "exercises" / "01_mine.ipynb", as_version=4)
+    assert ex.metadata.ringlab == {"exercises": {"ring_allreduce": "f"}}
+    assert exercises_of(ex, "renamed.ipynb") == {"ring_allreduce": "f"}
+
+
+@pytest.mark.parametrize("metadata, message", [
+    ({}, "has no ringlab metadata"),
+    ({"ringlab": {"exercises": {}}}, "has no ringlab metadata"),
+    ({"ringlab": {"exercises": {"ring_allreduse": "f"}}}, "'ring_allreduse', which is no exercise id"),
+    ({"ringlab": {"exercises": {"ring_allreduce": "g"}}}, "function 'g', which no cell defines"),
+    ({"ringlab": {"exercises": {"ring_allgather": "f"}}}, "no cell grades f as 'ring_allgather'"),
+])
+def test_make_exercises_refuses_a_solution_without_right_metadata(tmp_path, metadata, message):
+    _solution(tmp_path, metadata)
+    with pytest.raises(ValueError, match=message):
+        make_exercises(tmp_path)
+    assert not (tmp_path / "exercises").exists(), "nothing written"
+    cli = subprocess.run([sys.executable, "-m", "ringlab.cli", "make-exercises", "--root", str(tmp_path)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert cli.returncode == 2 and message in cli.stderr and "Traceback" not in cli.stderr
 
 
 @pytest.mark.parametrize("sol", SOLUTIONS, ids=[s.stem for s in SOLUTIONS])
