@@ -2,7 +2,8 @@
 
     ringlab grade NOTEBOOK...     run notebooks headless and grade them, trusting none of
                                   their output (see ringlab/grading/trusted.py); --csv FILE,
-                                  --json FILE: one row per notebook and exercise, for a class
+                                  --json FILE: one row per notebook and exercise, for a class;
+                                  --executed DIR: the notebooks as they ran, with their outputs
     ringlab make-exercises        regenerate exercises/ from solutions/ (--check: only compare)
     ringlab analyze               bytes, times, bubble, memory and MFU of one training step
                                   (ringlab/analysis); --json for the whole report
@@ -13,6 +14,7 @@
 import argparse
 import csv
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -33,11 +35,24 @@ def _write(args, rows):
         Path(args.json).write_text(json.dumps([{k: r.get(k) for k in FIELDS} for r in rows], indent=1))
 
 
+def _executed(args, path):
+    """Where --executed DIR puts the notebook ``path`` as it ran: its path under DIR
+    (relative to here, or from the root), so that every student's hw.ipynb has its own."""
+    if not args.executed:
+        return None
+    path = Path(os.path.abspath(path))
+    try:
+        rel = path.relative_to(Path.cwd())
+    except ValueError:
+        rel = path.relative_to(path.anchor)
+    return Path(args.executed) / rel
+
+
 def _grade_here(args, path):
     from .grading.trusted import grade_notebook
     try:
         return grade_notebook(path, timeout=args.timeout, memory_mb=args.memory_mb, seed=args.seed,
-                              override=_override(args))
+                              override=_override(args), executed=_executed(args, path))
     except Exception as e:  # noqa: BLE001 - one notebook never stops the class run
         return [{"notebook": str(path), "exercise": "", "result": "error",
                  "reason": f"the grader failed: {type(e).__name__}: {e}"}]
@@ -51,6 +66,7 @@ def _grade_apart(args, path):
         cmd = [sys.executable, "-m", "ringlab.cli", "grade", str(path), "--json", str(out), "--quiet",
                "--timeout", str(args.timeout), "--memory-mb", str(args.memory_mb)]
         cmd += ["--seed", str(args.seed)] if args.seed is not None else []
+        cmd += ["--executed", args.executed] if args.executed else []   # same cwd: same place
         cmd += [a for e in args.exercise or [] for a in ("--exercise", e)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         try:
@@ -114,7 +130,11 @@ def _grade(args):
 
 def _make_exercises(args):
     from .authoring import make_exercises
-    changed = make_exercises(args.root, check=args.check)
+    try:
+        changed = make_exercises(args.root, check=args.check)
+    except ValueError as e:            # a solution notebook without its metadata: nothing written
+        print(f"ringlab make-exercises: {e}", file=sys.stderr)
+        return 2
     for p in changed:
         print(("would change " if args.check else "wrote ") + str(p))
     return 1 if (args.check and changed) else 0
@@ -138,6 +158,9 @@ def main(argv=None):
     g.add_argument("--jobs", type=int, default=1, help="grade this many notebooks at once")
     g.add_argument("--csv", metavar="FILE", help="also write one row per notebook and exercise to FILE")
     g.add_argument("--json", metavar="FILE", help="the same rows as JSON")
+    g.add_argument("--executed", metavar="DIR",
+                   help="also write each notebook as it ran, with its outputs, under DIR "
+                        "(at its own path: DIR/submissions/alice/hw.ipynb)")
     g.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
     g.set_defaults(func=_grade)
     m = sub.add_parser("make-exercises", help="regenerate exercises/ from solutions/")

@@ -1,33 +1,38 @@
-"""``try_run``: run a program in a notebook and show what happened, never a raw traceback.
+"""``try_run``: run a program in a notebook and show what happened.
 
-Exercise notebooks call it in their "try it" cell, so a notebook runs cleanly
-before the exercise is solved::
+Exercise notebooks call it in their "try it" cell. Before the exercise is
+solved the program is a stub that raises ``NotImplementedError``: the cell
+prints one line and the notebook runs on::
 
     >>> import numpy as np
     >>> def stub(comm, x):
     ...     raise NotImplementedError
     >>> try_run(stub, [np.zeros(2)] * 2)
-    not implemented yet: fill in the program and run this cell again.
+    not implemented yet
+
+Any other error is raised, as ``ringlab.run`` raises it: a wrong program (or a
+broken cell) shows up as an error, never as a printed line that looks like output.
 """
 
 from .errors import RankError, RinglabError
 from .runner import run
 
+NOT_IMPLEMENTED = "not implemented yet"
+
 
 def try_run(program, inputs, *, show_trace=True, **kwargs):
-    """Run ``program`` like ``ringlab.run``; print the outputs and the trace, or the
-    diagnosis of what went wrong. Returns the ``RunResult``, or ``None`` on failure."""
+    """Run ``program`` like ``ringlab.run``; print the outputs and the trace.
+    Returns the ``RunResult``, or ``None`` (after printing "not implemented yet")
+    while the program is the stub. Every other error raises."""
     try:
         res = run(program, inputs, **kwargs)
     except RankError as e:
-        if isinstance(e.exc, NotImplementedError):
-            print("not implemented yet: fill in the program and run this cell again.")
-        else:
-            print(e)
+        if not isinstance(e.exc, NotImplementedError):
+            raise e.with_traceback(None) from None   # the message is the diagnosis
+        print(NOT_IMPLEMENTED)
         return None
-    except RinglabError as e:
-        print(e)
-        return None
+    except RinglabError as e:                        # a deadlock, a timeout, ...
+        raise e.with_traceback(None) from None
     for r, out in enumerate(res.outputs):
         print(f"rank {r}: {out}")
     if show_trace:

@@ -186,8 +186,12 @@ def run_notebook(nb, path, exercises, folder, *, timeout, memory_mb):
     return problem, errors
 
 
-def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, seed=None, override=None):
-    """Grade one notebook; returns its rows (dicts with ``FIELDS``), one per exercise."""
+def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, seed=None, override=None,
+                   executed=None):
+    """Grade one notebook; returns its rows (dicts with ``FIELDS``), one per exercise.
+
+    ``executed``: a file to write the notebook to as it ran here, with its outputs
+    (what the learner saw; the grade never reads them)."""
     import nbformat
     from .report import grade_cases
 
@@ -214,6 +218,9 @@ def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, s
 
     with tempfile.TemporaryDirectory(prefix="ringlab-grade-") as folder:
         problem, errors = run_notebook(nb, path, exercises, folder, timeout=timeout, memory_mb=kernel_memory_mb)
+        if executed:
+            Path(executed).parent.mkdir(parents=True, exist_ok=True)
+            nbformat.write(nb, executed)
         found = _read_json(Path(folder) / "found.json")
         for exercise, name in exercises.items():
             info = found.get(exercise) if isinstance(found.get(exercise), dict) else {}
