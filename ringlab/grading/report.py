@@ -298,11 +298,11 @@ def _grade_cases(exercise_id, module, program, seed, backend):
 
 
 def _causality_case(cases):
-    """The case the causality check repeats: the first of 3 to 8 ranks that
-    measures no memory (its runs are the cheapest that can show a message
-    arriving from a rank not yet heard from), else the first of 2 or more."""
-    fits = [c for c in cases if 3 <= c.world_size <= 8 and not c.info.get("measure")]
-    return (fits or [c for c in cases if c.world_size >= 2] or [None])[0]
+    """The case the causality check repeats (1 + N more runs): the smallest world
+    of 3 or more ranks (the fewest that can show a message carrying a rank not
+    yet heard from), else of 2, among the cases that measure no memory."""
+    light = [c for c in cases if c.world_size >= 2 and not c.info.get("measure")]
+    return min(light, key=lambda c: (c.world_size < 3, c.world_size), default=None)
 
 
 def _causality(case, program, inputs, args, timeout):
