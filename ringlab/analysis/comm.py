@@ -227,7 +227,7 @@ def pp_comms(model, layout, link="intra"):
     return [Comm("pp_send", "p2p", 2, nbytes, count, "fill_drain", link)]
 
 
-# -- context parallelism ---------------------------------------------------------------------------
+# -- context parallelism ------------------------------------------------------------------------
 
 def cp_block_bytes(model, layout):
     """K and V of one context-parallel rank for one microbatch: 2 b (s/c) kv elements."""

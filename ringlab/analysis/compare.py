@@ -19,7 +19,7 @@ ROWS = [
     ("PP GB sent", lambda r: f"{_kind(r, 'pp_') / 1e9:.2f}"),
     ("DP GB sent", lambda r: f"{(_kind(r, 'dp_') + _kind(r, 'zero3_')) / 1e9:.2f}"),
     ("compute s", lambda r: f"{r.times['compute']:.3f}"),
-    ("TP comm s", lambda r: f"{r.times['tp']:.3f}"),
+    ("TP exposed s", lambda r: f"{r.times['tp']:.3f}"),
     ("bubble", lambda r: f"{r.bubble:.3f}"),
     ("exposed PP+DP s", lambda r: f"{r.times['pp_exposed'] + r.times['dp_exposed']:.3f}"),
     ("step s", lambda r: f"{r.step:.3f}"),
