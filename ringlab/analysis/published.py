@@ -114,7 +114,7 @@ def _korthikanti(size, present, dp=1, seconds=None):
                  sp=present, recompute="selective" if present else "full",
                  attention="unfused", pp_scatter_gather=True, overlap_dp=False)
     kind = "present work" if present else "full recompute"
-    where = "Table 5 (" + kind + ")" if dp == 1 else "sec. 6.3 (2240 GPUs, 8-way DP)"
+    where = "Table 5" if dp == 1 else "sec. 6.3"
     return Run(f"{size} {kind}" + (f", dp {dp}" if dp > 1 else ""), "NVIDIA", KORTHIKANTI,
                where, model, lay, A100, seconds or _K_TIMES[size][present], "seconds",
                _K_ASSUMED + ("; ZeRO-0 all-reduce, not overlapped (sec. 6.3)" if dp > 1
@@ -136,7 +136,7 @@ _MS_ASSUMED = ("sequence parallelism, selective recomputation, distributed optim
                "(MegaScale lists FlashAttention-2 and the 3D overlap as its own additions)")
 
 
-def _megascale(gpus, batch, seconds=None, mfu=None, where="Table 2, Megatron-LM"):
+def _megascale(gpus, batch, seconds=None, mfu=None, where="Table 2"):
     model = gpt("megascale-175b", 96, 12288, 128, 64000, source=MEGASCALE + ", Table 1")
     model = dataclasses.replace(model, grad_bytes=4)
     lay = Layout(dp=gpus // 64, tp=8, pp=8, interleave=6, global_batch=batch, sp=True,
@@ -171,7 +171,8 @@ def _llama3(gpus, cp, dp, seq_len, per_dp, tflops):
     lay = Layout(dp=dp, tp=8, pp=16, cp=cp, sp=True, interleave=8, global_batch=dp * per_dp,
                  stage_layers=(0,) + (1,) * 126 + (0,), cp_kind="allgather", zero=1,
                  overlap_param_gather=True)
-    return Run(f"405B, {gpus} GPUs, cp {cp}, s {seq_len}", "Meta", LLAMA3, "Table 4, p. 10",
+    return Run(f"405B, {gpus} GPUs, cp {cp}, {seq_len // 1024}K", "Meta", LLAMA3,
+               "Table 4, p. 10",
                model, lay, H100, tflops, "model_tflops", _L3_ASSUMED)
 
 
@@ -185,7 +186,7 @@ def _llama3(gpus, cp, dp, seq_len, per_dp, tflops):
 # "ramped up to GBS=2048 (150 TFLOPs)"; math/README.md: the exact formula is Narayanan et
 # al.'s eq. 3. The huggingface/blog "The Technology Behind BLOOM Training": no sequence
 # parallelism, Megatron-LM's fused softmax kernels.
-BLOOM = "BigScience, bigscience-workshop/bigscience tr11-176B-ml README; Bekman, ML Engineering"
+BLOOM = "bigscience-workshop/bigscience, tr11-176B-ml README; Bekman, ML Engineering"
 # Jean Zay: four 100 Gb/s Omni-Path links per node of 8 GPUs: 6.25 GB/s per GPU; NVLink
 # inside the node, taken as the A100's 300 GB/s each way.
 JEAN_ZAY = dataclasses.replace(A100, name="jean-zay-a100", inter_bw=4 * 12.5e9 / 8)
@@ -197,7 +198,7 @@ def _bloom():
     lay = Layout(dp=8, tp=4, pp=12, micro_batch=2, global_batch=2048, recompute="full",
                  zero=1, attention="unfused", overlap_dp=False,
                  stage_layers=(5,) + (6,) * 10 + (5,))
-    return Run("BLOOM 176B, 384 GPUs", "BigScience", BLOOM, "tr11 README; hparams", model,
+    return Run("BLOOM 176B, 384 GPUs", "BigScience", BLOOM, "README; hparams", model,
                lay, JEAN_ZAY, 150, "eq3_tflops",
                "unfused attention; DeepSpeed's 1F1B pipeline; gradients reduced after the "
                "last microbatch")
@@ -210,7 +211,7 @@ RUNS = [
     _megascale(1024, 768, 11.9),
     _megascale(3072, 6144, 29.02), _megascale(6144, 6144, 14.78), _megascale(8192, 6144, 12.24),
     _megascale(12288, 6144, 8.57),
-    _megascale(256, 256, mfu=0.477, where="Table 3, baseline"),
+    _megascale(256, 256, mfu=0.477, where="Table 3"),
     _llama3(8192, 1, 64, 8192, 32, 430), _llama3(16384, 1, 128, 8192, 16, 400),
     _llama3(16384, 16, 8, 131072, 16, 380),
     _bloom(),
