@@ -19,7 +19,7 @@ ROWS = [
     ("PP GB sent", lambda r: f"{_kind(r, 'pp_') / 1e9:.2f}"),
     ("DP GB sent", lambda r: f"{(_kind(r, 'dp_') + _kind(r, 'zero3_')) / 1e9:.2f}"),
     ("compute s", lambda r: f"{r.times['compute']:.3f}"),
-    ("TP comm s", lambda r: f"{r.times['tp']:.3f}"),
+    ("TP exposed s", lambda r: f"{r.times['tp']:.3f}"),
     ("bubble", lambda r: f"{r.bubble:.3f}"),
     ("exposed PP+DP s", lambda r: f"{r.times['pp_exposed'] + r.times['dp_exposed']:.3f}"),
     ("step s", lambda r: f"{r.step:.3f}"),
@@ -36,6 +36,8 @@ def _kind(report, prefix):
 
 def label(layout):
     out = f"dp{layout.dp}-tp{layout.tp}-pp{layout.pp}"
+    out += f"-cp{layout.cp}" if layout.cp > 1 else ""
+    out += f"-ep{layout.ep}" if layout.ep > 1 else ""
     out += f"-v{layout.interleave}" if layout.interleave > 1 else ""
     out += f"-b{layout.micro_batch}" if layout.micro_batch > 1 else ""
     out += "-sp" if layout.sp else ""
@@ -53,7 +55,10 @@ def compare_layouts(model, hardware, layouts, reports=False):
     one_line = 17 + sum(max(12, len(n) + 2) for n in names)
     heads = [[n] for n in names]
     if one_line > 88:
-        heads = [["-".join(n.split("-")[:3]), "-".join(n.split("-")[3:])] for n in names]
+        degrees = [sum(part[:2] in ("dp", "tp", "pp", "cp", "ep") for part in n.split("-"))
+                   for n in names]
+        heads = [["-".join(n.split("-")[:k]), "-".join(n.split("-")[k:])]
+                 for n, k in zip(names, degrees)]
     widths = [max(12, *(len(part) + 2 for part in head)) for head in heads]
     lines = [f"{'layout' if i == 0 else '':<17}"
              + "".join(f"{head[i]:>{w}}" for head, w in zip(heads, widths))

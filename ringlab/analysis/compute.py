@@ -16,6 +16,9 @@ take 72 in place of 96 while the logits keep their ``6 B s h V``:
 ``72 B s l h^2 (1 + s/(6h)) + 6 B s h V``, the *model* FLOPs that MFU counts
 (Korthikanti et al. 2022, sec. 6).
 
+How long those FLOPs take is ``ringlab.analysis.timing``'s business: this
+module only counts.
+
 The "6ND" rule (Kaplan et al. 2020): 6 FLOPs per parameter per token, D = B s
 tokens. It is ``F`` without recomputation with the attention products
 (``4 s h`` per layer) left out and N = l W + V h: the two agree to within
@@ -33,28 +36,45 @@ from __future__ import annotations
 
 
 def layer_matrix_entries(model):
-    """W: entries of one layer's weight matrices (no biases, no LayerNorm)."""
+    """W: entries of one dense layer's weight matrices (no biases, no LayerNorm)."""
     h, f = model.hidden, model.ffn
-    kv = h * model.kv_heads // model.heads
+    kv = model.kv_dim
     return h * (h + 2 * kv) + h * h + (3 if model.gated else 2) * h * f
+
+
+def moe_layer_matrix_entries(model):
+    """The matrix entries one token goes through in a layer with experts: attention,
+    the router (h x experts), its ``top_k`` experts and the shared ones. The
+    model FLOPs of a mixture of experts count the experts a token uses, not all."""
+    if not model.experts:
+        return layer_matrix_entries(model)
+    h, kv = model.hidden, model.kv_dim
+    expert = (3 if model.gated else 2) * h * model.moe_ffn
+    return (h * (h + 2 * kv) + h * h + h * model.experts
+            + (model.top_k + model.shared_experts) * expert)
 
 
 def forward_flops_per_token(model):
     """Forward FLOPs of one token through the whole model: the layers and the logits."""
     s, h = model.seq_len, model.hidden
-    return model.layers * (2 * layer_matrix_entries(model) + 4 * s * h) + 2 * h * model.vocab
+    attn = 4 * s * h
+    return (model.dense_layers * (2 * layer_matrix_entries(model) + attn)
+            + model.moe_layers * (2 * moe_layer_matrix_entries(model) + attn)
+            + 2 * h * model.vocab)
 
 
 def flops_per_iteration(model, batch, recompute="none"):
     """Matmul FLOPs of one iteration of ``batch`` sequences, forward and backward;
     ``recompute="full"`` adds a forward of the layers (Narayanan's eq. 3 counts
     the logits' forward only once). "selective" recomputes only attention's
-    s x s products (Korthikanti et al. 2022): ``4 s^2 h`` per layer and sequence."""
+    s x s products (Korthikanti et al. 2022): ``4 s^2 h`` per layer and sequence.
+    Attention is counted over the whole s x s matrix, causal or not, as
+    Narayanan et al., Korthikanti et al. and PaLM's MFU (Chowdhery et al. 2022)
+    count it: the convention the published numbers use."""
     s = model.seq_len
     passes = 3 * batch * s * forward_flops_per_token(model)
     if recompute == "full":
-        layer = 2 * layer_matrix_entries(model) + 4 * s * model.hidden
-        passes += batch * s * model.layers * layer
+        passes += batch * s * (forward_flops_per_token(model) - 2 * model.hidden * model.vocab)
     elif recompute == "selective":
         passes += batch * s * model.layers * 4 * s * model.hidden
     return passes
@@ -71,12 +91,8 @@ def narayanan_flops(batch, seq_len, layers, hidden, vocab, recompute=True):
 
 
 def six_n_d(model, batch):
-    """The 6ND rule: 6 x (non-embedding parameters + the V x h logits matrix) x tokens."""
-    n = model.layers * layer_matrix_entries(model) + model.vocab * model.hidden
+    """The 6ND rule: 6 x (non-embedding parameters + the V x h logits matrix) x tokens,
+    N counting the experts a token uses."""
+    n = (model.dense_layers * layer_matrix_entries(model)
+         + model.moe_layers * moe_layer_matrix_entries(model) + model.vocab * model.hidden)
     return 6 * n * batch * model.seq_len
-
-
-def compute_seconds(flops, gpus, hardware):
-    """Seconds to do ``flops`` spread evenly over ``gpus``, each at
-    ``hardware.achieved`` of its peak."""
-    return flops / gpus / (hardware.peak_flops * hardware.achieved)

@@ -25,32 +25,72 @@ MODELS = {
     "gpt3-175b": Model("gpt3-175b", layers=96, hidden=12288, heads=96, seq_len=2048,
                        vocab=50257, source="Brown et al. 2020, Table 2.1"),
     # Touvron et al. 2023, "Llama 2", Table 1 and the model card / config.json:
-    # SwiGLU MLP, RMSNorm (no biases), rotary positions, untied output head,
+    # SwiGLU MLP, RMSNorm (no biases), rotary positions, untied output head, no dropout,
     # vocabulary 32000, context 4096; 70B uses grouped-query attention with 8 kv heads.
     "llama2-7b": Model("llama2-7b", layers=32, hidden=4096, heads=32, seq_len=4096,
                        vocab=32000, ffn=11008, gated=True, bias=False,
-                       learned_positions=False, tied_embeddings=False,
-                       source="Touvron et al. 2023; meta-llama/Llama-2-7b config"),
+                       learned_positions=False, tied_embeddings=False, dropout=False,
+                       rotary=True, source="Touvron et al. 2023; meta-llama/Llama-2-7b config"),
     "llama2-70b": Model("llama2-70b", layers=80, hidden=8192, heads=64, kv_heads=8,
                         seq_len=4096, vocab=32000, ffn=28672, gated=True, bias=False,
-                        learned_positions=False, tied_embeddings=False,
-                        source="Touvron et al. 2023; meta-llama/Llama-2-70b config"),
+                        learned_positions=False, tied_embeddings=False, dropout=False,
+                        rotary=True, source="Touvron et al. 2023; meta-llama/Llama-2-70b config"),
+    # Llama 3 (Dubey et al. 2024, "The Llama 3 Herd of Models"), Table 3, p. 7: 8B, 70B,
+    # 405B with 32/80/126 layers, model dimension 4096/8192/16384, FFN 14336/28672/53248,
+    # 32/64/128 heads, 8 key/value heads, SwiGLU, vocabulary 128,000, RoPE; context 8192
+    # (Table 4, p. 10). Like Llama 2: RMSNorm, no biases, no dropout, untied head.
+    "llama3-8b": Model("llama3-8b", layers=32, hidden=4096, heads=32, kv_heads=8,
+                       seq_len=8192, vocab=128000, ffn=14336, gated=True, bias=False,
+                       learned_positions=False, tied_embeddings=False, dropout=False,
+                       rotary=True, source="Dubey et al. 2024, Table 3"),
+    "llama3-70b": Model("llama3-70b", layers=80, hidden=8192, heads=64, kv_heads=8,
+                        seq_len=8192, vocab=128000, ffn=28672, gated=True, bias=False,
+                        learned_positions=False, tied_embeddings=False, dropout=False,
+                        rotary=True, source="Dubey et al. 2024, Table 3"),
+    "llama3-405b": Model("llama3-405b", layers=126, hidden=16384, heads=128, kv_heads=8,
+                         seq_len=8192, vocab=128000, ffn=53248, gated=True, bias=False,
+                         learned_positions=False, tied_embeddings=False, dropout=False,
+                         rotary=True, source="Dubey et al. 2024, Table 3"),
 }
 
+# The hardware presets. Links and peaks are datasheet numbers; what cannot be derived
+# (how close a kernel gets to them) is one measured or stated number each, chosen
+# before any comparison with published runs and kept the same for every run:
+#
+# * efficiency: the "maximum achievable matmul FLOPS" (MAMF) of S. Bekman, "Machine
+#   Learning Engineering", compute/accelerator/README.md, "Maximum Achievable Matmul
+#   FLOPS comparison table" (BF16): A100 SXM 271.2 of 312 TFLOPS (86.9%), H100 SXM
+#   794.5 of 989 (80.3%); FP8 (float8_e4m3fn): H100 SXM 1402.6 of 1979 (70.9%). The
+#   best a cuBLAS matmul reaches on the GPU, measured by brute force over shapes;
+#   ``gemm`` takes it as the ceiling and loses more on badly shaped matmuls.
+# * attention_efficiency: FlashAttention-2 reaches "50-73% of the theoretical maximum
+#   FLOPs/s on A100" (Dao 2023, arXiv:2307.08691, abstract): we take the middle, 61.5%,
+#   for forward and backward together. On H100, FlashAttention-3 reaches "up to 740
+#   TFLOPs/s (75% utilization)" (Shah et al. 2024, arXiv:2407.08608, abstract); we take
+#   the same ratio of typical to best as FlashAttention-2's on A100: 75% x 61.5/73 = 63.2%.
+# * hbm_efficiency: a read-bandwidth kernel tuned for it reaches about 88-90% of an
+#   A100's 2.04 TB/s (NVIDIA developer forum, "Trouble to Reach Peak Bandwidth of A100",
+#   citing a GTC talk's best kernel at about 90%); a framework's norms, activations and
+#   optimizer are shorter and less tuned: 80%, an assumption.
+#
+# HBM: 2.0 TB/s (A100 80GB SXM, HBM2e; 2039 GB/s), 3.35 TB/s (H100 SXM, HBM3); SMs: 108
+# (A100), 132 (H100) (Bekman, ibid., "Accelerator memory size and speed", "Caches").
 HARDWARE = {
     # DGX A100 (Narayanan et al. 2021, sec. 5): 8 A100s per node on NVSwitch (NVLink 3:
     # 600 GB/s per GPU both directions together, 300 each way), eight 200 Gb/s HDR
     # InfiniBand NICs per node (25 GB/s per GPU), 312 TFLOP/s dense 16-bit.
-    # achieved = 0.75 is our assumption for the matmuls, fixed before any comparison.
     # memory: "80 GB" as 80e9 bytes, the analyzer's GB (10^9 bytes) everywhere.
     "dgx-a100": Hardware("dgx-a100", gpus_per_node=8, intra_bw=300e9, inter_bw=25e9,
                          intra_latency=5e-6, inter_latency=10e-6, peak_flops=312e12,
-                         achieved=0.75, memory=80e9),
+                         sms=108, hbm_bw=2.039e12, memory=80e9, efficiency=0.869,
+                         attention_efficiency=0.615, hbm_efficiency=0.8),
     # DGX H100: NVLink 4 (900 GB/s both directions, 450 each way), eight 400 Gb/s NICs,
-    # 989 TFLOP/s dense BF16.
+    # 989 TFLOP/s dense BF16, 1979 dense FP8.
     "dgx-h100": Hardware("dgx-h100", gpus_per_node=8, intra_bw=450e9, inter_bw=50e9,
                          intra_latency=5e-6, inter_latency=10e-6, peak_flops=989e12,
-                         achieved=0.75, memory=80e9),
+                         fp8_flops=1979e12, sms=132, hbm_bw=3.35e12, memory=80e9,
+                         efficiency=0.803, fp8_efficiency=0.709, attention_efficiency=0.632,
+                         hbm_efficiency=0.8),
 }
 
 
@@ -76,11 +116,12 @@ class Published(NamedTuple):
     def layout(self):
         """The row's t, p, n and B. Not stated in the table, our assumptions: one
         sequence per microbatch, no interleaving, full recomputation (what equation
-        3 counts), the scatter/gather optimization (sec. 4.1) and no overlap of the
-        data-parallel gradient AllReduce."""
+        3 counts), the scatter/gather optimization (sec. 4.1), no overlap of the
+        data-parallel gradient AllReduce, and Megatron-LM's unfused attention of
+        2021 (FlashAttention came a year later)."""
         return Layout(dp=self.gpus // (self.tp * self.pp), tp=self.tp, pp=self.pp,
                       micro_batch=1, global_batch=self.batch, recompute="full",
-                      pp_scatter_gather=True, overlap_dp=False)
+                      pp_scatter_gather=True, overlap_dp=False, attention="unfused")
 
 
 MEGATRON_2021 = [Published(*row) for row in [

@@ -25,7 +25,7 @@ from which the bubble follows exactly.
     Fraction(1, 2)
 """
 
-from collections import defaultdict, namedtuple
+from collections import defaultdict, deque, namedtuple
 from dataclasses import dataclass
 from fractions import Fraction
 from math import ceil
@@ -138,23 +138,31 @@ def _check_rank(r, actions, p, n_stages, n_microbatches, limit, freed_by):
 def _run(schedule, n_stages, cost):
     """Run each rank's list in order, every action as soon as the previous one on
     its rank has finished and its input has arrived (at once: communication is free).
-    Returns the (start, end) of each action that ran, per rank; a rank's list
-    is cut short where it got stuck."""
+    ``cost``: seconds by action kind, ``{"F": .., "B": .., "W": ..}``, or a function
+    of the action (stages of different sizes). Returns the (start, end) of each
+    action that ran, per rank; a rank's list is cut short where it got stuck.
+
+    Each action is placed once: a rank runs ahead until its next input is missing,
+    then waits in ``blocked`` until the action that produces it has run."""
+    if not callable(cost):
+        cost = (lambda table: lambda a: table[a.kind])(cost)
     ended = {}  # action -> end time
     times = [[] for _ in schedule]
-    progress = True
-    while progress:
-        progress = False
-        for r, actions in enumerate(schedule):
-            while len(times[r]) < len(actions):
-                a = actions[len(times[r])]
-                src = producer(a, n_stages)
-                if src is not None and src not in ended:
-                    break
-                start = max(times[r][-1][1] if times[r] else 0, ended.get(src, 0))
-                ended[a] = start + cost[a.kind]
-                times[r].append((start, ended[a]))
-                progress = True
+    blocked = {}  # missing input -> ranks waiting for it
+    ready = deque(range(len(schedule)))
+    while ready:
+        r = ready.popleft()
+        actions = schedule[r]
+        while len(times[r]) < len(actions):
+            a = actions[len(times[r])]
+            src = producer(a, n_stages)
+            if src is not None and src not in ended:
+                blocked.setdefault(src, []).append(r)
+                break
+            start = max(times[r][-1][1] if times[r] else 0, ended.get(src, 0))
+            ended[a] = start + cost(a)
+            times[r].append((start, ended[a]))
+            ready.extend(blocked.pop(a, ()))
     return times
 
 
@@ -257,6 +265,18 @@ Slot(action=Action(kind='B', mb=0, stage=0), start=4, end=6)]
     n_stages, _ = _sizes(schedule, None, None)
     times = _run(schedule, n_stages, {"F": t_f, "B": t_b, "W": t_w})
     return [[Slot(a, *t) for a, t in zip(acts, ts)] for acts, ts in zip(schedule, times)]
+
+
+def makespan_of(schedule, cost):
+    """When the last action ends if each takes ``cost(action)`` seconds (stages of
+    unequal sizes) and communication is free.
+
+    >>> from ringlab.pipeline import one_f_one_b
+    >>> makespan_of(one_f_one_b(2, 2), lambda a: {"F": 1, "B": 2}[a.kind] * (1 + a.stage))
+    15
+    """
+    n_stages, _ = _sizes(schedule, None, None)
+    return max(end for ts in _run(schedule, n_stages, cost) for _, end in ts)
 
 
 def _ratio(a, b):

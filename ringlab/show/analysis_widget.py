@@ -37,11 +37,12 @@ def lines(report):
     mem = r.memory
     return [f"{label(lay)}: {lay.gpus} GPUs, B = {lay.global_batch} sequences, "
             f"m = {lay.microbatches} microbatches of {lay.micro_batch}",
-            f"step time  {r.step:8.3f} s = compute {t['compute']:.3f} + TP comm "
+            f"step time  {r.step:8.3f} s = compute {t['compute']:.3f} + TP exposed "
             f"{t['tp']:.3f} + bubble {t['bubble']:.3f}",
             f"{'':21}+ exposed PP {t['pp_exposed']:.3f} + DP {t['dp_exposed']:.3f}"
-            f" + SP sync {t['sp_grad_sync']:.3f}",
-            f"bubble     {r.bubble:8.3f} of the compute, (p - 1) / (v m)",
+            f" + SP sync {t['sp_grad_sync']:.3f} + optimizer {t['optimizer']:.3f}",
+            f"bubble     {r.bubble:8.3f} = (p - 1) / (v m); {t['bubble']:.3f} s idle with "
+            f"these stages",
             f"memory     {mem['total'] / 1e9:8.1f} GB per GPU (states "
             f"{(mem['total'] - mem['activations']) / 1e9:.1f}, activations "
             f"{mem['activations'] / 1e9:.1f}): fits in {r.hardware.memory / 1e9:g} GB: "
