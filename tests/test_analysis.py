@@ -38,6 +38,7 @@ from ringlab.pipeline import gpipe, interleaved_1f1b, one_f_one_b, run_pipeline
 from ringlab.tensor_parallel.block import ParallelTransformerBlock, tp_bytes_per_layer
 from ringlab.tensor_parallel.hybrid import tp_dp_sgd_step
 from ringlab.zero.compare import comm_per_step, run_stages
+from ringlab.analysis.step import rank_params
 
 import cp_programs
 
@@ -143,7 +144,7 @@ def test_tp_inside_dp_mesh_bytes(sp):
     assert layer_psi == sum(a.size for a in res.outputs[0][0].values())
     dp_comm = acomm.dp_collectives(layer_psi, dp, 0, grad_bytes=8)
     assert dp_comm[0][:2] == ("dp_allreduce", "allreduce")
-    assert acomm.Comm("dp", "allreduce", dp, dp_comm[0][2], 1).bytes_sent == dp_traced
+    assert acomm.Traffic("dp", "allreduce", dp, dp_comm[0][2], 1).bytes_sent == dp_traced
 
 
 PIPELINES = [(2, 4, 1, "1f1b"), (4, 8, 1, "1f1b"), (3, 9, 1, "1f1b"), (4, 16, 1, "1f1b"),
@@ -187,11 +188,11 @@ def test_zero_stages_bytes_equal_the_trace(n):
         traced = comm_per_step(runs[stage].trace, steps=2)[0]
         expected = Counter()
         for kind, op, nbytes, count, _ in acomm.dp_collectives(psi, n, zero, 8, 8):
-            expected[names[op]] += acomm.Comm(kind, op, n, nbytes, count).bytes_sent
+            expected[names[op]] += acomm.Traffic(kind, op, n, nbytes, count).bytes_sent
         assert traced == dict(expected), stage
     # DP's time per step: forward + backward (3 x forward FLOPs) and the AllReduce after it
     flops = sum(2 * (16 // n) * a * b for a, b in zip(sizes[:-1], sizes[1:]))
-    allreduce = acomm.Comm("dp", "allreduce", n, psi * 8, 1).time(1e-6, 1e-9)
+    allreduce = acomm.Traffic("dp", "allreduce", n, psi * 8, 1).time(1e-6, 1e-9)
     assert runs["DP"].time == pytest.approx(2 * (3 * flops / 1e9 + allreduce), rel=1e-9)
 
 
@@ -208,20 +209,24 @@ def test_dp_communication_that_fits_its_window_adds_nothing(zero):
     assert m == 8 and r.links["dp"] == "inter"
     # the ring closed forms on the inter-node link: (d-1) steps of one chunk each
     alpha, beta = hw.inter_latency, 1 / hw.inter_bw
-    grads = params = 2 * r.params_per_gpu                   # 16-bit gradients and weights
+    # 16-bit gradients and weights of the critical (slowest) stage's parameters
+    crit = rank_params(presets.MODELS["gpt3-175b"], r.layout, r.extra["critical_rank"])
+    grads = params = 2 * sum(crit)
     rs = (d - 1) * (alpha + grads / d * beta)               # ReduceScatter of the gradients
     ag = (d - 1) * (alpha + params / d * beta)              # AllGather of the weights
     hidden, exposed = {0: (2 * rs, 0.0), 1: (rs, ag), 2: (m * rs, ag),
                        3: (2 * m * ag + m * rs, 0.0)}[zero]
-    compute = r.flops / lay.gpus / (hw.peak_flops * hw.achieved)
-    last_backward = compute / m * 2 / 3                     # backward: 2 of 3 passes
-    window = {0: last_backward, 1: last_backward, 2: m * last_backward, 3: compute}[zero]
+    # the windows they may hide under: the critical stage's backward of the last
+    # microbatch (ZeRO-0/1), of every microbatch (ZeRO-2), or all its compute (ZeRO-3)
+    last_backward = r.extra["backward"][r.extra["critical_rank"]]
+    window = {0: last_backward, 1: last_backward, 2: m * last_backward,
+              3: r.times["compute"]}[zero]
     assert 0 < hidden < window                              # it fits: nothing left over
     assert r.times["dp_exposed"] == pytest.approx(exposed, rel=1e-12, abs=0)
-    # the step: m microbatches of T = compute + TP per microbatch and the bubble, (p-1) T,
-    # plus the pipeline's exposed messages and the AllGather of ZeRO-1/2
-    work = compute + r.times["tp"]
-    expected = work * (1 + (p - 1) / m) + r.times["pp_exposed"] + exposed
+    # the step: the pipeline, its exposed messages, the exposed data-parallel time
+    # (ZeRO-1/2's AllGather), the optimizer
+    expected = (r.times["pipeline"] + r.times["pp_exposed"] + exposed
+                + r.times["sp_grad_sync"] + r.times["optimizer"])
     assert r.step == pytest.approx(expected, rel=1e-12)
 
 
@@ -592,8 +597,8 @@ def test_tensor_parallel_overlap_options():
              for o in ("none", "backward", "full")}
     assert times["none"] > times["backward"] > times["full"] >= 0
     w = layer_work(m, base, hw)
-    ag = acomm.Comm("tp", "allgather", 8, 2048 * 12288 * 2, 1).time_one(5e-6, 1 / 300e9)
-    rs = acomm.Comm("tp", "reduce_scatter", 8, 2048 * 12288 * 2, 1).time_one(5e-6, 1 / 300e9)
+    ag = acomm.Traffic("tp", "allgather", 8, 2048 * 12288 * 2, 1).time_one(5e-6, 1 / 300e9)
+    rs = acomm.Traffic("tp", "reduce_scatter", 8, 2048 * 12288 * 2, 1).time_one(5e-6, 1 / 300e9)
     none_layer = 6 * ag + 4 * rs
     assert times["none"] == pytest.approx(4 * 96 * none_layer)
     back = 0.0

@@ -3,11 +3,11 @@
 Every collective is a ring (``ringlab.collectives``), so its bytes are those of
 ``ringlab.cost``'s closed forms: an AllReduce of n bytes on k ranks sends
 ``2 (k-1)/k n`` per rank, an AllGather (n = the gathered result) or a
-ReduceScatter (n = one rank's input) ``(k-1)/k n``. A ``Comm`` is one kind
+ReduceScatter (n = one rank's input) ``(k-1)/k n``. A ``Traffic`` is one kind
 of communication over one iteration: how many collectives of how many bytes,
 in which group, and whether it can run under compute::
 
-    >>> c = Comm("tp_allreduce", "allreduce", group=4, nbytes=1024, count=8)
+    >>> c = Traffic("tp_allreduce", "allreduce", group=4, nbytes=1024, count=8)
     >>> c.bytes_sent                  # 8 x 2 x 3/4 x 1024
     12288
     >>> round(c.time(alpha=1e-6, beta=1e-9) * 1e6, 3)    # 8 x 6 x (1 us + 256 ns)
@@ -74,7 +74,7 @@ RING = {"allreduce": closed_forms.ring_allreduce, "allgather": closed_forms.ring
 
 
 @dataclass
-class Comm:
+class Traffic:
     """``count`` collectives (``op``: "allreduce", "allgather", "reduce_scatter",
     "alltoall", or "p2p" for single messages) of ``nbytes`` each, in a group of
     ``group`` ranks, per iteration per GPU. ``overlap``: how it runs relative to
@@ -171,7 +171,7 @@ def tp_blocks(model, layer):
 
 
 def tp_comms(model, layout, link="intra", layers=None):
-    """The tensor-parallel ``Comm`` list of one GPU per iteration, for its
+    """The tensor-parallel ``Traffic`` list of one GPU per iteration, for its
     ``layers`` (layer indices; default: the first stage's)."""
     lay, m, t = layout, layout.microbatches, layout.tp
     if layers is None:
@@ -184,10 +184,10 @@ def tp_comms(model, layout, link="intra", layers=None):
         counts.update(c)
     nbytes = lay.micro_batch * model.seq_len // lay.cp * model.hidden * model.act_bytes
     overlap = "exposed" if lay.overlap_tp == "none" else "partly"
-    out = [Comm(kind, op, t, nbytes, n * m, overlap, link) for (kind, op), n in counts.items()]
+    out = [Traffic(kind, op, t, nbytes, n * m, overlap, link) for (kind, op), n in counts.items()]
     if lay.sp and t > 1 and len(layers):
         norms = 4 * model.hidden if model.bias else 2 * model.hidden
-        out.append(Comm("tp_sp_grad_sync", "allreduce", t, norms * model.grad_bytes,
+        out.append(Traffic("tp_sp_grad_sync", "allreduce", t, norms * model.grad_bytes,
                         len(layers), "exposed", link))
     return out
 
@@ -218,13 +218,13 @@ def pp_message_bytes(model, layout):
 
 
 def pp_comms(model, layout, link="intra"):
-    """The pipeline ``Comm`` of the busiest rank (a middle one) per iteration."""
+    """The pipeline ``Traffic`` of the busiest rank (a middle one) per iteration."""
     lay = layout
     if lay.pp == 1:
         return []
     nbytes = pp_message_bytes(model, lay)
     count = max(pp_messages_per_rank(lay.pp, lay.microbatches, lay.interleave))
-    return [Comm("pp_send", "p2p", 2, nbytes, count, "fill_drain", link)]
+    return [Traffic("pp_send", "p2p", 2, nbytes, count, "fill_drain", link)]
 
 
 # -- context parallelism ------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def cp_comms(model, layout, layers, link="intra"):
         return []
     n = cp_block_bytes(model, lay)
     size = n if lay.cp_kind == "ring" else n * lay.cp      # a gathered result: all c blocks
-    return [Comm(kind, op, lay.cp, size, count * layers * lay.microbatches, "partly"
+    return [Traffic(kind, op, lay.cp, size, count * layers * lay.microbatches, "partly"
                  if op == "p2p" else "exposed", link)
             for (kind, op), count in cp_messages_per_layer(lay.cp, lay.cp_kind,
                                                            lay.recompute).items()]
@@ -281,7 +281,7 @@ def ep_comms(model, layout, moe_layers, gpus_per_node):
     count = (4 + (2 if lay.recompute == "full" else 0)) * moe_layers * lay.microbatches
     share = ep_intra_share(lay, gpus_per_node)
     link = "intra" if share == 1 else ("inter" if share == 0 else "mixed")
-    return [Comm("ep_alltoall", "alltoall", lay.ep, nbytes, count, "exposed", link, 0.0,
+    return [Traffic("ep_alltoall", "alltoall", lay.ep, nbytes, count, "exposed", link, 0.0,
                  share)]
 
 
@@ -308,12 +308,12 @@ def dp_comms(model, layout, psi, link="inter", expert_psi=0, expert_link="inter"
     dp x cp x tp / ep ranks that hold the same experts (kinds "ex_...")."""
     lay = layout
     d = lay.dp * lay.cp
-    out = [Comm(kind, op, d, nbytes, count, overlap, link)
+    out = [Traffic(kind, op, d, nbytes, count, overlap, link)
            for kind, op, nbytes, count, overlap in
            dp_collectives(psi, d, lay.zero, model.grad_bytes, model.param_bytes,
                           lay.microbatches)]
     de = lay.dp * lay.cp * lay.tp // lay.ep
-    out += [Comm("ex_" + kind, op, de, nbytes, count, overlap, expert_link)
+    out += [Traffic("ex_" + kind, op, de, nbytes, count, overlap, expert_link)
             for kind, op, nbytes, count, overlap in
             dp_collectives(expert_psi, de, lay.zero, model.grad_bytes, model.param_bytes,
                            lay.microbatches) if expert_psi]
