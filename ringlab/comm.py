@@ -427,9 +427,13 @@ class RunResult:
     # With record_payloads, in the simulator: (event, the array its receiver got),
     # each receiver's own copy, to tell what a receiver changed in place.
     handed: list | None = None
-    # Isolated runs (trusted grading): per rank, (resident bytes of its process
-    # before the program existed there, peak resident bytes), read from outside.
+    # Isolated runs (trusted grading): each rank process's resident memory, read
+    # by the grader from outside it: per rank {"before": before the program was
+    # loaded there, "loaded": after, "peak": the most at any of its calls,
+    # "hwm": the kernel's peak}, and ``resident_at``: payload_key(event) -> the
+    # sender's resident bytes when it asked to send it.
     resident: list | None = None
+    resident_at: dict | None = None
 
     def payload(self, event):
         """The array message ``event`` carried (the run must have had ``record_payloads=True``)."""

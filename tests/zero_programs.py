@@ -683,3 +683,51 @@ def z3_hangs(comm, model, opt, x, y, batch_size, loss_fn=mse):
     """Waits forever for a unit that is never gathered."""
     while model.units[0].layer.params["weight"] is None:
         pass
+
+
+# -- forgeries of the memory measurement (ringlab grade must still fail them) ----------
+def _blind(comm):
+    """Switch the grader's tracemalloc ledger off, from inside the program: under
+    ringlab grade it lives in this rank's own process, within reach."""
+    ledger = getattr(comm, "_ledger", None)
+    if ledger is not None:
+        ledger.pause = ledger.resume = lambda *a: None
+        ledger.charge = lambda *a: None
+
+
+def z3_gather_all_blinded(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """Gathers every unit up front (the whole model), with the ledger blinded."""
+    _blind(comm)
+    return z3_gather_all_up_front(comm, model, opt, x, y, batch_size, loss_fn)
+
+
+_PRELOADED = {}
+
+
+def z3_into_a_preloaded_array(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """Gathers every unit into one array that came with the program when it was
+    loaded (a global, pickled with the function, made before tracing began)."""
+    store = _PRELOADED["store"]
+    offsets = np.cumsum([0] + [u.padded for u in model.units])
+    for unit, start in zip(model.units, offsets):
+        store[start:start + unit.padded] = ring_allgather(comm, unit.shard)
+    for unit, start in zip(model.units, offsets):
+        unit.layer.params.update(unit.views(store[start:start + unit.padded]))
+        for layer in unit.layers:
+            x = layer.forward(x)
+        _free(unit)
+    loss, dy = loss_fn(x, y)
+    for unit, start in reversed(list(zip(model.units, offsets))):
+        unit.layer.params.update(unit.views(ring_allgather(comm, unit.shard)))
+        dy, full_grad = _unit_backward(unit, dy)
+        full_grad *= len(x) / batch_size
+        unit.grad_shard[...] = ring_reduce_scatter(comm, full_grad)
+        _free(unit)
+    opt.step(model.grad_shards())
+    return loss
+
+
+def z1_full_master_kept_blinded(comm, model, opt, x, y, batch_size, loss_fn=mse):
+    """Keeps a full master copy between steps, with the ledger blinded."""
+    _blind(comm)
+    return z1_full_master_kept(comm, model, opt, x, y, batch_size, loss_fn)

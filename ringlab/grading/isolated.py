@@ -57,7 +57,7 @@ import traceback
 
 import numpy as np
 
-from ..comm import Comm, Group, RunResult, World
+from ..comm import Comm, Group, RunResult, World, payload_key
 from ..errors import CommError, ProgramTimeout, RankError, DeadlockError, UnreceivedMessagesError
 from ..sim.world import Request, Work, World
 from . import wire
@@ -83,16 +83,20 @@ class Submission:
 def _rank_main(conn, program_bytes, memory_mb, banned=()):
     os.setpgrp()                     # its own process group: the grader kills it and its children
     _limit(memory_mb)
+    _malloc_returns_memory()
     try:
         import cloudpickle
         _CONN[0] = conn
-        # The grader measures this process's memory from outside, first now,
-        # before anything of the program exists here (see _RankProcess.resident).
-        wire.send(conn, [0, ["ready"]])
+        _, x, args, kwargs, info = wire.recv(conn)
         # The guard goes up before the bytes are unpickled: unpickling runs code.
         with _no_reference(banned):
-            _, x, args, kwargs, info = wire.recv(conn)
+            # The grader reads this process's memory from outside (see
+            # _RankProcess.resident): now, with the inputs here but nothing of the
+            # program, and again once the program is loaded (what loading made).
+            _import_what_it_names(program_bytes)
+            _measured(conn, "ready")
             program = cloudpickle.loads(program_bytes)
+            _measured(conn, "loaded")
             link = _LINK[0] = _Link(conn)
             handle, rank, ranks, label, gid = info
             world = _RankWorld(link)
@@ -113,6 +117,40 @@ def _rank_main(conn, program_bytes, memory_mb, banned=()):
             wire.send(conn, [0, ["error", _names(e), str(e)[:2000], _rank_traceback(e)]])
     finally:
         os._exit(0)                  # no atexit handlers, no flushing of inherited state
+
+
+def _measured(conn, what):
+    """Say ``what`` and wait while the grader reads this process's memory."""
+    wire.send(conn, [0, [what]])
+    if wire.recv(conn) != ["measured"]:
+        raise CommError("the grader did not measure this rank's memory")
+
+
+def _import_what_it_names(data):
+    """Import the modules the pickled program refers to (by a global, or as a
+    module in its globals), before its memory is read: a module's code is not
+    the program's data, and loading would import them anyway."""
+    import pickletools
+    names, recent, memo = [], [None, None], {}
+    with contextlib.suppress(Exception):
+        for op, arg, _ in pickletools.genops(data):
+            if op.name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
+                memo[len(memo) if op.name == "MEMOIZE" else arg] = recent[-1]
+                continue
+            value = memo.get(arg) if op.name in ("GET", "BINGET", "LONG_BINGET") else arg
+            if op.name == "GLOBAL" and isinstance(arg, str):
+                names.append(arg.partition(" ")[0])
+            elif op.name == "STACK_GLOBAL" and isinstance(recent[0], str):
+                names.append(recent[0])
+            elif isinstance(value, str) and recent[-1] == ("global", "subimport"):
+                names.append(value)
+            recent = [recent[-1], ("global", recent[-1]) if op.name == "STACK_GLOBAL" else
+                      ("global", arg.partition(" ")[2]) if op.name == "GLOBAL" else
+                      value if isinstance(value, str) else None]
+    for name in dict.fromkeys(names):
+        if type(name) is str and all(p.isidentifier() for p in name.split(".")):
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
 
 
 class ReferenceCalled(Exception):
@@ -291,6 +329,19 @@ def _limit(memory_mb):
     with contextlib.suppress(Exception):
         import ctypes
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)       # PR_SET_DUMPABLE = 4
+
+
+def _malloc_returns_memory():
+    """Make freed arrays leave the process's resident memory at once, so that
+    the grader's reading of it (from outside) tracks what the rank holds: every
+    block of 128 KiB or more gets pages of its own (mmap), given back when freed.
+    (By default glibc raises that threshold after each such free, and keeps the
+    pages.) M_MMAP_THRESHOLD is -3, M_TRIM_THRESHOLD -1 in mallopt's numbering."""
+    with contextlib.suppress(Exception):
+        import ctypes
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 128 * 1024)
+        libc.mallopt(-1, 128 * 1024)
 
 
 def _bad_result(value, depth=0):
@@ -621,17 +672,26 @@ class _RankProcess:
             self.process.start()
         child.close()
         self.objects, self.actors = {}, {}     # handle -> (stream id, object); stream id -> actor
-        self.resident = None                   # (bytes before the program, peak bytes)
+        # Its resident memory, read from outside (see RunResult.resident), and at
+        # each message it sent: payload_key -> bytes resident when it asked to send.
+        self.resident, self.at_send, self.world = None, {}, None
 
     # -- the actors: the "program" the simulator runs for this rank, and its works ------
     def serve(self, comm, x, args, kwargs):
-        if self._receive(0) != ["ready"]:
-            raise RankProcessDied(f"rank {self.rank}'s process did not start as the grader's")
-        self.resident = (self._rss(), None)
-        self.actors[0] = comm._me
+        self.actors[0], self.world = comm._me, comm._world
         group = comm.group
         info = [self._register(0, comm), comm.global_rank, list(group.ranks), group.label, group.gid]
         self._send(["start", x, list(args), [[k, v] for k, v in kwargs.items()], info])
+        readings = []
+        for step in ("ready", "loaded"):
+            message = self._receive(0)
+            if message != [step]:
+                self._refused(0, message)
+            readings.append(self._rss())          # the rank waits for the answer: exact
+            self._send(["measured"])
+        before, loaded = readings
+        self.resident = {"before": before, "loaded": loaded, "peak": loaded, "hwm": None,
+                         "marks": []}
         return self._serve(0)
 
     def _serve(self, sid):
@@ -645,12 +705,25 @@ class _RankProcess:
             if kind == "error" and len(message) == 4:
                 raise _RemoteError(rebuild_exception(message[1], message[2]), str(message[3]))
             if kind != "call" or len(message) != 5:
-                raise RankProcessDied(f"rank {self.rank}'s process sent something that is not a call")
+                self._refused(sid, message)
+            rss, sent = self._rss(), len(self.world.events)
+            if rss is not None:
+                self.resident["peak"] = max(self.resident["peak"] or 0, rss)
+            if _is_mark(message):
+                self.resident["marks"].append((message[3][0][1], rss))
             try:
                 answer = ["ok", self._dispatch(sid, *message[1:])]
             except Exception as e:  # noqa: BLE001 - the rank's mistake: raised in its own code
                 answer = ["raise", _names(e), str(e)]
+            for e in self.world.events[sent:]:
+                if e.src == self.rank:
+                    self.at_send[payload_key(e)] = rss
             self._send([sid, answer + [actor.clock, actor.time]])
+
+    def _refused(self, sid, message):
+        if isinstance(message, list) and message[:1] == ["error"] and len(message) == 4:
+            raise _RemoteError(rebuild_exception(message[1], message[2]), str(message[3]))
+        raise RankProcessDied(f"rank {self.rank}'s process sent something that is not a call")
 
     def _dispatch(self, sid, handle, method, args, kwargs):
         owner, obj = self.objects.get(handle, (None, None)) if type(handle) is int else (None, None)
@@ -717,15 +790,14 @@ class _RankProcess:
             return None
 
     def measure(self):
-        """Read the process's peak resident memory (VmHWM) before it is killed:
-        ``resident`` becomes (bytes before the program, peak bytes)."""
+        """Read the process's peak resident memory (VmHWM) before it is killed."""
         if self.resident is None:
             return
         with contextlib.suppress(OSError, ValueError):
             with open(f"/proc/{self.process.pid}/status") as f:
                 for line in f:
                     if line.startswith("VmHWM:"):
-                        self.resident = (self.resident[0], int(line.split()[1]) * 1024)
+                        self.resident["hwm"] = int(line.split()[1]) * 1024
 
     # -- the pipe ----------------------------------------------------------------------
     def _send(self, value):
@@ -769,6 +841,23 @@ class _RankProcess:
             self.process.kill()
         self.process.join()
         self.conn.close()
+
+
+MARK = "ringlab step mark"
+
+
+def mark(comm, label):
+    """A point a grader's driver asks to know the rank's resident memory at
+    (``resident["marks"]``, in an isolated run): a barrier that carries
+    ``(MARK, label)``. No message, no time: in ringlab.run just a barrier."""
+    comm._world.agree(comm, (MARK, label), "barrier")
+
+
+def _is_mark(message):
+    args = message[3] if len(message) == 5 else None
+    return (message[2] == "agree" and type(args) is list and len(args) == 2
+            and args[1] == "barrier" and type(args[0]) is tuple and len(args[0]) == 2
+            and args[0][0] == MARK)
 
 
 class _WorkServer:
@@ -848,6 +937,7 @@ def run_isolated(program, inputs, *, args=(), kwargs=None, mode="buffered", time
             rank.kill()
     result = _result(world, timeout, check_unreceived)
     result.resident = [rank.resident for rank in ranks]    # see RunResult
+    result.resident_at = {k: v for rank in ranks for k, v in rank.at_send.items()}
     return result
 
 

@@ -241,46 +241,60 @@ class _Index:
             for s, vec in enumerate(step[ag_when]):
                 size = len(vec) // n
                 grads = np.array([g[s] for g in step["grads"]])
-                self.by_size[size].append((t, s, vec.reshape(n, size), grads))
+                self.by_size[size].append((t, s, vec.reshape(n, size), grads,
+                                           np.abs(grads).max(axis=1, initial=0)))
         self.sent = defaultdict(int)           # (rank, s, t) -> ReduceScatter messages so far
         self.last = defaultdict(int)           # rank -> the step of its last message
+        self.segment = defaultdict(int)        # rank -> the segment of its last message
 
     def label(self, p, e):
         if not (type(p) is np.ndarray and p.dtype == np.float64 and p.ndim == 1):
             return None
         cands = self.by_size.get(p.size, [])
-        # Steps come in order: look at this rank's current step first.
-        cands = sorted(cands, key=lambda c: (c[0] < self.last[e.src], c[0]))
-        for t, s, chunks, grads in cands:
-            ag = bool(np.any(np.all(np.abs(chunks - p) <= 1e-9 * np.abs(chunks) + 1e-12,
-                                    axis=1)))
+        # Steps come in order, and a rank's messages of one segment follow each
+        # other: look at this rank's current step first, nearest its last segment.
+        t0, s0 = self.last[e.src], self.segment[e.src]
+        cands = sorted(cands, key=lambda c: (c[0] < t0, c[0], abs(c[1] - s0)))
+        # Three elements first: with many segments of one size, the whole-array
+        # comparisons only for the candidates that those do not already rule out.
+        probe = np.unique([0, p.size // 2, p.size - 1]) if p.size else slice(None)
+        for t, s, chunks, grads, largest in cands:
+            ag = _shard_match(chunks, p, probe) and _shard_match(chunks, p, slice(None))
             i = self.sent[e.src, s, t]
-            rs = self._partial_sum(p, e, grads, i)
+            rs = (self._partial_sum(p, e, grads, largest, i, probe)
+                  and self._partial_sum(p, e, grads, largest, i, slice(None)))
             # A chunk of padding only is zeros either way: it belongs to the
             # ReduceScatter until that has sent its N-1 messages.
             if rs and (not ag or i < self.n - 1):
                 self.sent[e.src, s, t] += 1
-                self.last[e.src] = t
+                self.last[e.src], self.segment[e.src] = t, s
                 return ("RS", s, t)
             if ag:
-                self.last[e.src] = t
+                self.last[e.src], self.segment[e.src] = t, s
                 return ("AG", s, t)
         return None
 
-    def _partial_sum(self, p, e, grads, i):
-        """``p`` is a chunk of the sum, over the i+1 ranks before the sender on the
-        ring (itself included; all N from the N-th message on), of their
-        weighted gradients, times 1 or the batch size (weights n_r instead of
-        n_r / B, divided after). Rounding allowed relative to the numbers added."""
+    def _partial_sum(self, p, e, grads, largest, i, where):
+        """``p[where]`` is the same elements of a chunk of the sum, over the i+1
+        ranks before the sender on the ring (itself included; all N from the
+        N-th message on), of their weighted gradients, times 1 or the batch size
+        (weights n_r instead of n_r / B, divided after). Rounding allowed
+        relative to the numbers added (``largest``: each rank's largest |gradient|)."""
         n = self.n
         side = 1 if e.dst == (e.src + 1) % n else -1
         members = [(e.src - k * side) % n for k in range(min(i + 1, n))]
-        parts = grads[members]
-        total = parts.sum(axis=0).reshape(n, -1)
-        tol = (1e-7 * np.abs(parts).sum(axis=0) + 1e-12 * (np.abs(parts).max(initial=0)
-                                                           + 1e-300)).reshape(n, -1)
-        return any(bool(np.any(np.all(np.abs(p - s * total) <= s * tol, axis=1)))
+        parts = grads.reshape(len(grads), n, -1)[:, :, where][members]    # columns first: cheap
+        total = parts.sum(axis=0)
+        tol = 1e-7 * np.abs(parts).sum(axis=0) + 1e-12 * (largest[members].max() + 1e-300)
+        got = p[where]
+        return any(bool(np.any(np.all(np.abs(got - s * total) <= s * tol, axis=1)))
                    for s in (1.0, self.batch))
+
+
+def _shard_match(chunks, p, where):
+    """Whether ``p[where]`` is those elements of one of the ``chunks`` (rows)."""
+    c = chunks[:, where]
+    return bool(np.any(np.all(np.abs(c - p[where]) <= 1e-9 * np.abs(c) + 1e-12, axis=1)))
 
 
 def _unlabelled(case, e, p, ag_when):

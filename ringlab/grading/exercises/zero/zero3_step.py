@@ -43,7 +43,7 @@ import numpy as np
 from ...report import Failure
 from ..data_parallel import callable_learner
 from . import common as C
-from .memory import measured_steps
+from .memory import measured_steps, resident_loaded, resident_marks, resident_peak
 from .zero1_step import SLACK
 from ....nn import Adam, FlatBuffer, mlp_model
 
@@ -107,9 +107,11 @@ def cases(rng):
     # (world size, global batch, layers, memory measured)
     for n, batch, layers, measure in ((4, 10, 3, False), (2, 5, 2, False), (3, 7, 4, False),
                                       (1, 4, 2, False), (8, 12, 2, False), (5, 9, 3, False),
-                                      (4, 9, 12, True)):
+                                      (4, 9, 25, True)):
         if measure:
-            sizes = [24] + [40] * (layers - 1) + [int(rng.integers(5, 8))]
+            # 24 units of 0.5 MB: the whole model (12 MB) is plain next to one
+            # unit in the process's resident memory too (ringlab grade, memory.py).
+            sizes = [24] + [250] * (layers - 1) + [int(rng.integers(5, 8))]
         else:
             sizes = ([int(rng.integers(n, n + 4))] + [int(rng.integers(n + 4, n + 9))
                                                   for _ in range(layers - 1)]
@@ -302,4 +304,13 @@ def memory(result, case, backend):
                     hint="Hold at most one or two units in full at a time: gather a unit "
                          "just before it runs and free it (drop every reference) right "
                          "after, in forward and in backward.")
-    return None
+    if result.resident is None:
+        return None
+    # A ZeRO-3 rank holds its 1/N of the parameters, of the gradients and of
+    # Adam's m and v (4 Psi / N), and a few units in full: never the whole model.
+    state = 4 * full // n
+    return (resident_loaded(result, case)
+            or resident_marks(result, case, C.STEPS, state, KEEP_UNITS * unit, "ZeRO-3")
+            or resident_peak(result, case, state + peak_bound,
+                             f"ZeRO-3's shards and Adam's moments ({state / 2**20:.1f} MiB), "
+                             f"{PEAK_UNITS} units in full and the activations"))
