@@ -294,8 +294,8 @@ def _cp_exposed(model, layout, work, hw, link):
         fwd = (c - 1) * max(0.0, alpha + n * beta - fwd_block)
         bwd = (c - 1) * max(0.0, alpha + 2 * n * beta - bwd_block) + alpha + n * beta
         return fwd, bwd + (fwd if again else 0.0)
-    gather = comms.Comm("cp_kv", "allgather", c, n * c, 1).time_one(alpha, beta)
-    scatter = comms.Comm("cp_dkv", "reduce_scatter", c, n * c, 1).time_one(alpha, beta)
+    gather = comms.Traffic("cp_kv", "allgather", c, n * c, 1).time_one(alpha, beta)
+    scatter = comms.Traffic("cp_dkv", "reduce_scatter", c, n * c, 1).time_one(alpha, beta)
     return gather, scatter + (gather if again else 0.0)
 
 
@@ -313,7 +313,7 @@ def analyze(model, layout, hardware):
     # one collective of each tensor-parallel op on its link
     act = lay.micro_batch * model.seq_len // lay.cp * model.hidden * model.act_bytes
     a_tp, b_tp = link_cost(hw, links["tp"])
-    one_tp = {op: comms.Comm("tp", op, t, act, 1).time_one(a_tp, b_tp)
+    one_tp = {op: comms.Traffic("tp", op, t, act, 1).time_one(a_tp, b_tp)
               for op in ("allreduce", "allgather", "reduce_scatter")}
     ep_one = 0.0
     if moe is not None:

@@ -96,6 +96,8 @@ def reference_in(data, banned=None):
     (``ringlab.zero.sharding.padded_size``) are allowed; answers are not. What
     the bytes cannot show (a name built at run time) the rank processes catch."""
     from .. import answers
+    if banned is None:
+        _import_every_answer()
     named = set(answers.forbidden(None) if banned is None else banned)
     recent, memo = [None, None], {}     # the last two values pushed (strings, else None)
     try:
@@ -250,12 +252,21 @@ def banned_answers(exercise):
     all but those of the exercises its grader ``USES`` (an exercise id, or a
     part: all of its exercises), and its own. See ``ringlab.answers``."""
     from .. import answers
-    for other in GRADERS:               # a grader may hold answers of its own
-        grader_module(other)
+    _import_every_answer()
     uses = set()
     for u in getattr(grader_module(exercise), "USES", ()):
         uses |= {u} if u in GRADERS else {e for e, m in GRADERS.items() if m.split(".")[1] == u}
     return answers.forbidden(exercise, uses)
+
+
+def _import_every_answer():
+    """Import every module that holds answers: the registry holds what was imported."""
+    from .. import collectives, data_parallel, pipeline, tensor_parallel, zero  # noqa: F401
+    from ..data_parallel import async_ps  # noqa: F401
+    from ..pipeline import schedules, stages  # noqa: F401
+    from ..zero import zero1, zero2, zero3  # noqa: F401
+    for exercise in GRADERS:            # a grader may hold answers of its own
+        grader_module(exercise)
 
 
 def grader_module(exercise):
