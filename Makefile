@@ -12,7 +12,7 @@ $(BIN)/python:
 
 # Reinstall whenever pyproject.toml changes.
 $(STAMP): pyproject.toml | $(BIN)/python
-	@# The browser test (tests/test_browser.py) drives Debian's chromium; CI is root on Debian.
+	@# The browser test (tests/show/test_browser.py) drives Debian's chromium; CI is root on Debian.
 	if ! { command -v chromium && command -v chromedriver; } >/dev/null && [ "$$(id -u)" = 0 ] \
 		&& command -v apt-get >/dev/null; then \
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; fi
@@ -43,7 +43,7 @@ book-shape: book shape
 
 shape:
 	RINGLAB_BOOK_HTML=$(CURDIR)/_build/html $(BIN)/python -m pytest -q -p no:cacheprovider \
-		tests/test_book_shape.py tests/test_browser.py::test_player_runs_in_the_built_book
+		tests/book/test_book_shape.py tests/show/test_browser.py::test_player_runs_in_the_built_book
 
 # The tests, then the notebooks, while the book builds beside them (it keeps a core
 # busy while the tests wait); then the checks on the built book.

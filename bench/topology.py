@@ -28,7 +28,7 @@ import numpy as np
 
 import ringlab
 from ringlab.collectives import ring_allreduce
-from ringlab.topology import Topology, fat_tree, gpus
+from ringlab.cost.topology import Topology, fat_tree, gpus
 
 BYTES = 2 ** 26          # the AllReduce being priced: 64 MiB per rank
 

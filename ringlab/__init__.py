@@ -9,16 +9,17 @@
     6
 """
 
-from .errors import (CommError, DeadlockError, ProgramTimeout, RankError, RinglabError,
-                     UnreceivedMessagesError)
+from .errors import CommError, DeadlockError, ProgramTimeout, RankError, RinglabError, UnreceivedMessagesError
 from .trace import Compute, Event, Span, Trace
-from .comm import Comm, RunResult, collective
+from .comm import Comm, collective
+from .result import RunResult
 from .cost.alpha_beta import AlphaBeta
 from .mesh import DeviceMesh
 from .runner import run
 from .sim import Request, Work
 from .grading import grade
 from .tryout import try_run
+from .show import player as _player, timeline as _timeline  # noqa: F401 - the trace's views
 
 __all__ = [
     "run", "grade", "try_run", "collective", "Comm", "Request", "Work", "RunResult", "Trace",

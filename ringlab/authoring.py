@@ -6,7 +6,7 @@ is the answer. The exercise gets, in its place, at the same indentation::
     raise NotImplementedError("...")   # your code here
 
 Outputs are stripped from both. ``ringlab make-exercises`` writes
-``exercises/X.ipynb`` for every ``solutions/X.ipynb``; ``--check`` only
+``exercises/<part>/X.ipynb`` for every ``solutions/<part>/X.ipynb``; ``--check`` only
 reports notebooks that would change (the test suite runs it).
 
 Every solution notebook says which exercises it holds, in its metadata:
@@ -87,13 +87,15 @@ def make_exercises(root=".", check=False):
     solution notebook lacks its ``ringlab`` metadata."""
     root = Path(root)
     texts = {}   # every solution first: one without metadata stops the run before any write
-    for sol in sorted((root / "solutions").glob("*.ipynb")):
+    for sol in sorted((root / "solutions").rglob("*.ipynb")):
+        if ".ipynb_checkpoints" in sol.parts:
+            continue
         ex = exercise_from_solution(nbformat.read(sol, as_version=4), str(sol))
-        texts[root / "exercises" / sol.name] = _text(ex)
+        texts[root / "exercises" / sol.relative_to(root / "solutions")] = _text(ex)
     changed = [target for target, text in texts.items()
                if not target.exists() or target.read_text() != text]
     if not check:
         for target in changed:
-            target.parent.mkdir(exist_ok=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(texts[target])
     return changed

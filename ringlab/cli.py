@@ -141,7 +141,7 @@ def _make_exercises(args):
 
 
 def _analyze(args):
-    from .analysis.cli import run_analyze
+    from .analysis.command import run_analyze
     return run_analyze(args)
 
 
@@ -167,7 +167,7 @@ def main(argv=None):
     m.add_argument("--root", default=".")
     m.add_argument("--check", action="store_true", help="only report notebooks that would change")
     m.set_defaults(func=_make_exercises)
-    from .analysis.cli import add_arguments
+    from .analysis.command import add_arguments
     a = sub.add_parser("analyze", help="analyze one training step of a parallel layout")
     add_arguments(a)
     a.set_defaults(func=_analyze)

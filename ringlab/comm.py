@@ -20,7 +20,7 @@ the trace records global rank numbers and the group's name.
 
 The same class serves every way a program runs: the simulator
 (``ringlab.sim``), real processes (``ringlab.backends.torch``) and the
-isolated rank processes of trusted grading (``ringlab.grading.isolated``).
+isolated rank processes of trusted grading (``ringlab.backends.isolated``).
 Each supplies a *world* (the ``World`` protocol below) that the methods call
 into. The checks of a call's arguments live here, so that every backend
 reports a mistake in the same words.
@@ -36,7 +36,7 @@ from typing import Protocol
 import numpy as np
 
 from .errors import CommError
-from .trace import Span, Trace
+from .trace import Span
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class World(Protocol):
     Three worlds implement it: the simulator (``ringlab.sim.world.World``),
     real processes (``ringlab.backends.torch``'s ``ProcessWorld``) and a rank
     in a process of its own, whose every call goes to a simulator in the
-    grader (``ringlab.grading.isolated``). ``Comm`` checks a call's arguments
+    grader (``ringlab.backends.isolated``). ``Comm`` checks a call's arguments
     and turns group ranks into global ranks; the world does the rest. Each
     method gets the calling ``Comm`` first: its ``_me`` is the calling actor
     (``.rank``, ``.stream``, ``.clock``, ``.time``; the program is stream 0, a
@@ -413,53 +413,6 @@ def collective(fn):
         with comm.span(fn.__name__):
             return fn(comm, *args, **kwargs)
     return wrapper
-
-
-@dataclass
-class RunResult:
-    """What ``run`` returns: per-rank ``outputs`` (in rank order), the ``trace``,
-    and ``time``, the simulated makespan in seconds (0 without compute or network)."""
-
-    outputs: list
-    trace: Trace
-    payloads: dict | None = None   # payload_key(event) -> array, if record_payloads
-    time: float = 0.0
-    # With record_payloads, in the simulator: (event, the array its receiver got),
-    # each receiver's own copy, to tell what a receiver changed in place.
-    handed: list | None = None
-    # Isolated runs (trusted grading): each rank process's resident memory, read
-    # by the grader from outside it: per rank {"before": before the program was
-    # loaded there, "loaded": after, "peak": the most at any of its calls,
-    # "hwm": the kernel's peak}, and ``resident_at``: payload_key(event) -> the
-    # sender's resident bytes when it asked to send it.
-    resident: list | None = None
-    resident_at: dict | None = None
-
-    def payload(self, event):
-        """The array message ``event`` carried (the run must have had ``record_payloads=True``)."""
-        return self.payloads[payload_key(event)]
-
-    def show(self, inputs=None, **options):
-        """The trace player. Given the run's ``inputs`` (and ``record_payloads=True``),
-        it shows what each message really carried, even without chunk=/op= labels;
-        see ``ringlab.show.player``."""
-        if inputs is None:
-            return self.trace.show(**options)
-        from .show.player import show_run       # lazy: running needs no HTML
-        return show_run(self, inputs, **options)
-
-    @property
-    def world_size(self):
-        return self.trace.world_size
-
-    @property
-    def steps(self):
-        return self.trace.steps
-
-
-def payload_key(event):
-    """How recorded payloads are looked up: the message's channel and position on it."""
-    return (event.group, event.stream, event.src, event.dst, event.tag, event.seq)
 
 
 # -- checks shared by every backend -------------------------------------------------------

@@ -6,6 +6,9 @@
     array([3., 3.])
 """
 
+from . import backends
+from .sim import run as simulate
+
 
 def run(program, inputs, *, args=(), kwargs=None, mode="buffered", timeout=10.0,
         check_unreceived=True, record_payloads=False, network=None, backend="sim"):
@@ -26,10 +29,8 @@ def run(program, inputs, *, args=(), kwargs=None, mode="buffered", timeout=10.0,
     ``RankError`` or ``DeadlockError`` carries the trace so far as ``.trace``.
     """
     if backend == "sim":
-        from .sim import run as sim_run
-        return sim_run(program, inputs, args=args, kwargs=kwargs, mode=mode, timeout=timeout,
+        return simulate(program, inputs, args=args, kwargs=kwargs, mode=mode, timeout=timeout,
                        check_unreceived=check_unreceived, record_payloads=record_payloads,
                        network=network)
-    from . import backends
     return backends.run(backend, program, inputs, args=args, kwargs=kwargs, timeout=timeout,
                         check_unreceived=check_unreceived, record_payloads=record_payloads)

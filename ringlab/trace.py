@@ -165,6 +165,13 @@ def _group(label):
     return label.split(".", 1)[0]
 
 
+# The views of a trace that its methods hand it to (``show``, ``save_html``,
+# ``to_chrome_trace``, and ``RunResult.show``) live in ``ringlab.show``, which
+# puts them here when it is imported (``import ringlab`` does): a view imports
+# the trace, never the other way round.
+VIEWS = {}
+
+
 class Trace:
     """The events of one run, in canonical order. Iterable, indexable, comparable."""
 
@@ -390,19 +397,16 @@ class Trace:
     def show(self, **options):
         """An interactive player for this trace (displays in a notebook; see
         ``ringlab.show.player``). Options: ``layout=``, ``title=``, ``detail_limit=``."""
-        from .show.player import TracePlayer       # lazy: the trace itself needs no HTML
-        return TracePlayer(self, **options)
+        return VIEWS["player"](self, **options)
 
     def save_html(self, path, **options):
         """Write the player as a standalone, offline ``.html`` file; returns the path."""
-        from .show.player import save_html
-        return save_html(self, path, **options)
+        return VIEWS["save_html"](self, path, **options)
 
     def to_chrome_trace(self, time_model=None, **options):
         """The trace as Chrome Trace Event JSON (a dict) for Perfetto or
         chrome://tracing; see ``ringlab.show.timeline`` for time models."""
-        from .show.timeline import to_chrome_trace
-        return to_chrome_trace(self, time_model, **options)
+        return VIEWS["chrome_trace"](self, time_model, **options)
 
     def table(self, limit=None):
         """A table of the events (plain text with ``str()``, HTML in a notebook)."""
@@ -444,3 +448,8 @@ class TraceTable:
         more = self._more()
         more = f"<p><em>{more}</em></p>" if more else ""
         return f'<table class="ringlab-trace"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}'
+
+
+def payload_key(event):
+    """How recorded payloads are looked up: the message's channel and position on it."""
+    return (event.group, event.stream, event.src, event.dst, event.tag, event.seq)

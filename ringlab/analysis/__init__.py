@@ -4,7 +4,7 @@ For a model on a cluster with a parallel layout, per GPU and iteration: the
 bytes of each kind of communication and how long they take, which of it can
 overlap compute, the pipeline bubble, compute time, memory, the step time and
 MFU. It composes ringlab's own formulas (``ringlab.cost``,
-``ringlab.pipeline.bubble``, ``ringlab.tensor_parallel.memory``,
+``ringlab.pipeline.bubble``, ``ringlab.tensor_parallel.activation_memory``,
 ``ringlab.zero.accounting``), each checked against the simulator's traces.
 
     >>> from ringlab.analysis import analyze, presets, Layout

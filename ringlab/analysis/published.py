@@ -129,7 +129,7 @@ def _korthikanti(size, present, dp=1, seconds=None):
 # 175B; sequence 2048, vocabulary 64,000), sec. 3.6 (eight 200G NICs per server), Table 3
 # (the baseline Megatron-LM at 47.7% MFU, 175B on 256 GPUs, batch 256). Their GPUs are
 # "NVIDIA Ampere GPUs" (sec. 6); the MFU column matches 312 TFLOP/s per GPU with the
-# model FLOPs of Korthikanti et al.'s eq. 7 (checked in tests/test_analysis_validation.py).
+# model FLOPs of Korthikanti et al.'s eq. 7 (checked in tests/analysis/test_analysis_validation.py).
 MEGASCALE = "Jiang et al. 2024, arXiv:2402.15627"
 _MS_ASSUMED = ("sequence parallelism, selective recomputation, distributed optimizer with fp32 "
                "gradients, one sequence per microbatch; unfused attention, no DP or PP overlap "
@@ -218,7 +218,7 @@ RUNS = [
 ]
 
 # MegaScale's Table 2 also gives MFU for its Megatron-LM rows: a check of the FLOP count
-# and the peak we use to turn Table 3's MFU into seconds (tests/test_analysis_validation.py).
+# and the peak we use to turn Table 3's MFU into seconds (tests/analysis/test_analysis_validation.py).
 MEGASCALE_MFU = {(256, 768): 0.530, (512, 768): 0.499, (768, 768): 0.467, (1024, 768): 0.447,
                  (3072, 6144): 0.487, (6144, 6144): 0.478, (8192, 6144): 0.433,
                  (12288, 6144): 0.412}

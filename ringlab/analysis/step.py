@@ -26,7 +26,7 @@ What the step time is made of, and what is assumed to overlap:
   no slack, exposes the round trip of a gradient too: ``2 (p-1) + 2 (min(m, p) - 2)
   + 2 (p-1)(m-p)/p`` message times (the last two terms only where positive).
   These hold when a message takes less than a forward; they are what ringlab's
-  simulator gives, checked in ``tests/test_analysis.py``;
+  simulator gives, checked in ``tests/analysis/test_analysis.py``;
 * data parallelism: an AllReduce or ReduceScatter of the gradients runs under
   the last microbatch's backward if ``layout.overlap_dp`` (ZeRO-2 under every
   microbatch's, ZeRO-3's gathers under all compute: prefetch); what does not
@@ -56,10 +56,10 @@ from dataclasses import dataclass, field
 from ..pipeline.bubble import bubble_closed_form
 from ..pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b
 from ..pipeline.validate import makespan_of
-from . import comm as comms
+from . import traffic as comms
 from .compute import flops_per_iteration
 from .config import Hardware, Layout, Model
-from .memory import busiest_rank, chunk_layers, memory, rank_chunks, rank_params
+from .gpu_memory import busiest_rank, chunk_layers, memory, rank_chunks, rank_params
 from .timing import PARTS, embedding_work, head_work, layer_work, optimizer_seconds
 
 

@@ -11,10 +11,9 @@ from .broadcast import binomial_broadcast, chain_broadcast, flat_broadcast, tree
 from .reduce import binomial_reduce
 from .alltoall import alltoall, pairwise_alltoall, ring_alltoall
 from .bidirectional import bidirectional_ring_allreduce
-from .hierarchical import hierarchical_allreduce
 
 __all__ = ["ring_allreduce", "tree_allreduce",
-           "bidirectional_ring_allreduce", "hierarchical_allreduce",
+           "bidirectional_ring_allreduce",
            "ring_allgather", "naive_allgather", "recursive_doubling_allgather",
            "ring_reduce_scatter",
            "flat_broadcast", "chain_broadcast", "tree_broadcast", "binomial_broadcast",

@@ -9,12 +9,7 @@ parameters (``interconnects``) and NCCL's own cost model (``nccl``).
 
 from . import interconnects, nccl, timing
 from .alpha_beta import AlphaBeta, TwoLevel
-from .closed_forms import (ALGORITHMS, Cost, binary_tree_steps, binomial_broadcast,
-                           binomial_reduce, binomial_reduce_steps, ceil_log2, chain_broadcast,
-                           flat_broadcast, max_popcount, naive_allgather, pairwise_alltoall,
-                           recursive_doubling_allgather, ring_allgather, ring_allreduce,
-                           ring_alltoall, ring_reduce_scatter, table, tree_allreduce,
-                           tree_broadcast, alltoall)
+from .closed_forms import ALGORITHMS, Cost, binary_tree_steps, binomial_broadcast, binomial_reduce, binomial_reduce_steps, ceil_log2, chain_broadcast, flat_broadcast, max_popcount, naive_allgather, pairwise_alltoall, recursive_doubling_allgather, ring_allgather, ring_allreduce, ring_alltoall, ring_reduce_scatter, table, tree_allreduce, tree_broadcast, alltoall
 from .timing import Terms, crossover, crossover_table, fastest, terms, time, two_level_time
 
 __all__ = ["AlphaBeta", "TwoLevel", "Terms", "terms", "time", "crossover", "crossover_table",

@@ -32,7 +32,7 @@ What ``nbytes`` means (as in MPICH's comments and in Thakur et al.):
 The formulas assume the data splits evenly (nbytes divisible by N, or by the
 segment count); then they are exact. Otherwise per-block averages come out as
 floats. Every formula is checked against the simulator's traces in
-``tests/test_cost.py``.
+``tests/cost/test_cost.py``.
 
 Sources. The algorithms and their alpha-beta costs: R. Thakur, R. Rabenseifner
 and W. Gropp, "Optimization of Collective Communication Operations in MPICH",

@@ -71,7 +71,7 @@ port model:
 
 gamma is checked against the simulator through copies of the reductions that
 spend ``comm.compute(gamma * bytes)`` after each addition
-(``tests/reduction_variants.py``), added before the next send (no overlap of
+(``tests/programs/reduction_variants.py``), added before the next send (no overlap of
 adding and sending); the reference collectives themselves take no time to add.
 """
 

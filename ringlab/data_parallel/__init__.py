@@ -15,8 +15,7 @@
 """
 
 from . import buckets, sync_sgd
-from .buckets import (BUCKET_CAP_BYTES, FIRST_BUCKET_BYTES, assign_buckets, ddp_sync,
-                      sync_flat, sync_per_parameter, timed_backward)
+from .buckets import BUCKET_CAP_BYTES, FIRST_BUCKET_BYTES, assign_buckets, ddp_sync, sync_flat, sync_per_parameter, timed_backward
 from .sync_sgd import data_parallel_sgd, single_process_sgd, sync_sgd_step
 
 __all__ = ["sync_sgd", "buckets", "sync_sgd_step", "data_parallel_sgd", "single_process_sgd",

@@ -5,41 +5,39 @@
     >>> print(ringlab.grade("ring_allreduce", ring_allreduce, seed=1))
     ring_allreduce results: All test cases passed! (18 cases, world sizes 1-8)
 
-Each exercise id maps to a grader module in this package. A grader module
-defines ``cases(rng)``, yielding the worlds to run, and ``check(program, case,
-backend)``, which returns None or a ``Failure``; see ``report.py``.
+Each exercise id has a grader module, in its part's folder here
+(``collectives/ring_allreduce.py``); the graders' shared kit is ``kit/``. A
+grader module defines ``cases(rng)``, yielding the worlds to run, and
+``check(program, case, backend)``, which returns None or a ``Failure``; see
+``kit/report.py``.
 """
 
 import importlib
 import json
 import os
+import pkgutil
 
-from .report import Failure, Report, grade_cases
+from . import kit
+from .kit.report import Failure, Report
+from .kit.loop import grade_cases
+
+
+def _graders():
+    """``{exercise id: grader module}``, the module relative to this package: every
+    module of a part's folder here (``collectives/``, ``zero/``, ...) whose name
+    does not start with ``_`` grades the exercise it is named after."""
+    found = {}
+    for part in pkgutil.iter_modules(__path__):
+        if part.ispkg and part.name != kit.__name__.rpartition(".")[2]:
+            folder = os.path.join(os.path.dirname(__file__), part.name)
+            for module in pkgutil.iter_modules([folder]):
+                if not module.ispkg and not module.name.startswith("_"):
+                    found[module.name] = f"{part.name}.{module.name}"
+    return found
+
 
 # exercise id -> module in ringlab.grading that defines cases(rng) and check(program, case, backend)
-GRADERS = {
-    "ring_allreduce": "exercises.collectives.ring_allreduce",
-    "ring_allgather": "exercises.collectives.ring_allgather",
-    "ring_reduce_scatter": "exercises.collectives.ring_reduce_scatter",
-    "tree_broadcast": "exercises.collectives.tree_broadcast",
-    "binomial_broadcast": "exercises.collectives.binomial_broadcast",
-    "alltoall": "exercises.collectives.alltoall",
-    "ring_alltoall": "exercises.collectives.ring_alltoall",
-    "fix_ring_allgather": "exercises.collectives.fix_ring_allgather",
-    "hierarchical_allreduce": "exercises.collectives.hierarchical_allreduce",
-    "sync_sgd_step": "exercises.data_parallel.sync_sgd_step",
-    "bucketed_grad_sync": "exercises.data_parallel.bucketed_grad_sync",
-    "async_ps": "exercises.data_parallel.async_ps",
-    "column_parallel_linear": "exercises.tensor_parallel.column_parallel_linear",
-    "row_parallel_linear": "exercises.tensor_parallel.row_parallel_linear",
-    "megatron_mlp": "exercises.tensor_parallel.megatron_mlp",
-    "tp_attention": "exercises.tensor_parallel.tp_attention",
-    "one_f_one_b": "exercises.pipeline.one_f_one_b",
-    "pipeline_stage": "exercises.pipeline.pipeline_stage",
-    "zero1_step": "exercises.zero.zero1_step",
-    "zero2_step": "exercises.zero.zero2_step",
-    "zero3_step": "exercises.zero.zero3_step",
-}
+GRADERS = _graders()
 
 
 def grade(exercise_id, program, *, seed=None, backend="sim", log=True):

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from . import GRADERS
-from .isolated import Submission, runner
+from ..backends.isolated import Submission, runner
 
 FIELDS = ("notebook", "exercise", "result", "cases_passed", "cases_total", "failed_check", "seed",
           "reason", "cell_errors", "seconds")
@@ -156,10 +156,9 @@ def run_notebook(nb, path, exercises, folder, *, timeout, memory_mb):
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from nbformat.v4 import new_code_cell
 
-    import ringlab
     env = {k: v for k, v in os.environ.items() if k != "RINGLAB_GRADE_LOG"}
-    # The kernel imports the same ringlab as the grader.
-    root = str(Path(ringlab.__file__).resolve().parents[1])
+    # The kernel imports the same ringlab as the grader: the folder that holds it.
+    root = str(Path(__file__).resolve().parents[len(__package__.split("."))])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     client = NotebookClient(nb, km=_kernel_manager(folder, memory_mb), timeout=timeout,
                             allow_errors=True, shutdown_kernel="immediate", resources={"metadata": {"path": str(Path(path).parent)}})
@@ -195,7 +194,7 @@ def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, s
     ``executed``: a file to write the notebook to as it ran here, with its outputs
     (what the learner saw; the grade never reads them)."""
     import nbformat
-    from .report import grade_cases
+    from .kit.loop import grade_cases
 
     start = time.monotonic()
     rows = []
@@ -255,7 +254,7 @@ def banned_answers(exercise):
     _import_every_answer()
     uses = set()
     for u in getattr(grader_module(exercise), "USES", ()):
-        uses |= {u} if u in GRADERS else {e for e, m in GRADERS.items() if m.split(".")[1] == u}
+        uses |= {u} if u in GRADERS else {e for e, m in GRADERS.items() if m.split(".")[0] == u}
     return answers.forbidden(exercise, uses)
 
 

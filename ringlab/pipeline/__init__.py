@@ -14,11 +14,8 @@ activations and gradients.
 """
 
 from .actions import Action, format_schedule, needs, parse, sends, stage_rank
-from .schedules import (gpipe, gpipe_stage, interleaved_1f1b, interleaved_1f1b_rank,
-                        one_f_one_b, one_f_one_b_stage, zb_h1, zb_h1_stage)
-from .validate import (ScheduleError, Slot, Violation, bubble_fraction, bubble_ratio, check,
-                       format_timeline, idle_time, in_flight, makespan, peak_in_flight,
-                       picture, timeline, validate)
+from .schedules import gpipe, gpipe_stage, interleaved_1f1b, interleaved_1f1b_rank, one_f_one_b, one_f_one_b_stage, zb_h1, zb_h1_stage
+from .validate import ScheduleError, Slot, Violation, bubble_fraction, bubble_ratio, check, format_timeline, idle_time, in_flight, makespan, peak_in_flight, picture, timeline, validate
 from .stages import PipelineResult, pipeline_stage, run_pipeline, split_model
 
 __all__ = [

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-import ringlab
+from ..runner import run
 from ..answers import answer
 from ..nn import Linear, Sequential, mse
 from .actions import needs, sends, stage_rank
@@ -250,7 +250,7 @@ def run_pipeline(model, batch, schedule, *, t_f=1.0, t_b=1.0, t_w=1.0, network=N
     """
     works = stage_works(model, batch, schedule, t_f=t_f, t_b=t_b, t_w=t_w)
     kw = dict(network=network, mode=mode) if backend == "sim" else {}
-    res = ringlab.run(pipeline_stage, works, backend=backend, timeout=timeout, **kw)
+    res = run(pipeline_stage, works, backend=backend, timeout=timeout, **kw)
     grads = {}
     for out in res.outputs:
         grads.update(out.grads)

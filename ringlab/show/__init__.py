@@ -9,7 +9,7 @@ interactive offline player) and ``widgets`` (live panels in a notebook).
 
 def plot_gantt(trace, ax=None, **options):
     """``ringlab.show.timeline.plot_gantt``: a per-rank timeline of compute and messages."""
-    from .timeline import plot_gantt as plot    # lazy: importing ringlab needs no matplotlib
+    from .timeline import plot_gantt as plot
     return plot(trace, ax, **options)
 
 

@@ -41,6 +41,7 @@ import math
 from collections import defaultdict
 
 from ..cost.alpha_beta import AlphaBeta  # noqa: F401 - a time model too
+from ..trace import VIEWS
 from .views import step_bytes
 
 
@@ -439,3 +440,6 @@ def _natural(text):
     """Sort key: "microbatch 10" after "microbatch 9"."""
     head, _, tail = text.rpartition(" ")
     return (head, 0, float(tail), "") if tail.replace(".", "", 1).lstrip("-").isdigit() else (head, 1, 0, tail)
+
+
+VIEWS["chrome_trace"] = to_chrome_trace         # trace.to_chrome_trace() hands the trace here

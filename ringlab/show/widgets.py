@@ -22,7 +22,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 
-import ringlab
+from ..runner import run
 
 from . import figures
 from .player import TracePlayer
@@ -37,7 +37,7 @@ _FIT_FRAME = ("<script>if (window.frameElement) new ResizeObserver(function () {
 
 def algorithms():
     """``{name: function}``: the reference collectives in ``ringlab.collectives`` now."""
-    import ringlab.collectives as collectives
+    from .. import collectives
     names = getattr(collectives, "__all__", [n for n in dir(collectives) if not n.startswith("_")])
     return {n: getattr(collectives, n) for n in sorted(names) if callable(getattr(collectives, n, None))}
 
@@ -94,7 +94,7 @@ class Explorer:
         name, n, length = self.algorithm.value, self.world_size.value, self.length.value
         try:
             program = self.algorithms[name]
-            self.trace = ringlab.run(program, self.inputs(name, n, length)).trace
+            self.trace = run(program, self.inputs(name, n, length)).trace
             self.error = None
         except Exception as exc:       # noqa: BLE001 - shown in the panel, not raised in a callback
             self.trace, self.error = None, f"{type(exc).__name__}: {exc}"

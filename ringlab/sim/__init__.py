@@ -7,7 +7,7 @@
     6
 """
 
-from ..comm import RunResult
+from ..result import RunResult
 from ..errors import DeadlockError, ProgramTimeout, RankError, UnreceivedMessagesError
 from .watchdog import Interrupt, Watchdog, no_exit, program_traceback
 from .world import MODES, Request, Work, World

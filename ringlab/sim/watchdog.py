@@ -9,8 +9,11 @@ import contextlib
 import ctypes
 import os
 import signal
+import sys
 import threading
 import traceback
+
+from ..comm import Comm
 
 
 class Interrupt(BaseException):
@@ -162,6 +165,10 @@ def no_exit():
         os._exit, signal.signal, signal.pthread_sigmask = real_exit, real_signal, real_mask
 
 
+# The simulator's folder and Comm's file: their frames are ringlab's, not the program's.
+_OURS = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+         os.path.abspath(sys.modules[Comm.__module__].__file__))
+
+
 def _ours(filename):
-    path = filename.replace("\\", "/")
-    return "/ringlab/sim/" in path or path.endswith("/ringlab/comm.py")
+    return os.path.abspath(filename).startswith(_OURS)

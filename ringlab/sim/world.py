@@ -18,7 +18,7 @@ Two clocks per actor:
 * ``time``, in simulated **seconds**: ``comm.compute`` adds to it, and with a
   ``network=`` model every message takes time on the ports (see
   ``ringlab.cost.alpha_beta``). A blocking send returns when its message has
-  left; a receive when it has arrived. On a ``ringlab.topology`` network
+  left; a receive when it has arrived. On a ``ringlab.cost.topology`` network
   messages share links instead, and the network is one more actor of the
   scheduler that ends them when no later send can change their arrival
   (see ``_network_loop``).
@@ -163,7 +163,7 @@ class World(WorldProtocol):
         self.rendezvous = mode == "rendezvous"
         self.network, self.ports = network, None if network is None else network.ports(world_size)
         # A network that decides when a message arrives only later (flow sharing:
-        # ringlab.topology) runs as one more actor of the scheduler (see _network_loop).
+        # ringlab.cost.topology) runs as one more actor of the scheduler (see _network_loop).
         self.deferred = getattr(self.ports, "deferred", False)
         self.net_glet = self.net_wake = None
         self.send_step = [0] * world_size     # the last step each rank's send port carried

@@ -26,12 +26,11 @@ from .operators import CopyToTensorParallelRegion, ReduceFromTensorParallelRegio
 from .layers import ColumnParallelLinear, RowParallelLinear
 from .mlp import ParallelMLP
 from .attention import ParallelAttention
-from .sequence import (GatherFromSequenceParallelRegion, ReduceScatterToSequenceParallelRegion,
-                       SequenceParallelColumnLinear, SequenceParallelRowLinear, g_bar)
+from .sequence import GatherFromSequenceParallelRegion, ReduceScatterToSequenceParallelRegion, SequenceParallelColumnLinear, SequenceParallelRowLinear, g_bar
 from .dropout import ShardedDropout
 from .block import ParallelTransformerBlock, tp_bytes_per_layer
 from .hybrid import tp_dp_sgd_step
-from .memory import activation_bytes, layernorm_stats_bytes, paper_activation_bytes
+from .activation_memory import activation_bytes, layernorm_stats_bytes, paper_activation_bytes
 
 __all__ = ["CopyToTensorParallelRegion", "ReduceFromTensorParallelRegion", "f", "g",
            "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelAttention",

@@ -8,10 +8,7 @@ import numpy as np
 import pytest
 
 import ringlab
-from ringlab.frontier.expert_parallel import (ExpertParallelMoE, cross_node_bytes,
-                                              ep_dp_sgd_step, expert_load, experts_of,
-                                              moe_dispatch_combine, node_dispatch_combine,
-                                              node_limited_top_k)
+from ringlab.frontier.expert_parallel import ExpertParallelMoE, cross_node_bytes, ep_dp_sgd_step, expert_load, experts_of, moe_dispatch_combine, node_dispatch_combine, node_limited_top_k
 from ringlab.nn import MoE
 from ringlab.nn.moe import top_k_experts
 

@@ -31,7 +31,7 @@ from multiprocessing.connection import wait
 import numpy as np
 
 from ...errors import DeadlockError, ProgramTimeout, RankError, UnreceivedMessagesError
-from ...comm import RunResult
+from ...result import RunResult
 from . import status as st
 from .outcome import drain_plan, format_frames, format_traceback, merged_trace, peer_gone
 from .pool import dumps_program, get_pool

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from ...collectives import ring_allreduce
-from ...runner import run
+from . import supervisor
 
 
 def torch_ring_allreduce(t, rank, world_size):
@@ -83,8 +83,8 @@ def measure(world_size=4, sizes=(1 << 20, 16 << 20, 64 << 20), repeats=5, seed=0
     the median over ``repeats`` of each repetition's slowest rank, for ringlab's
     ring in place (``out=x``) and into a new array, the same ring in plain
     torch, and ``dist.all_reduce``; ``ok`` says ringlab's sum agrees with torch's."""
-    res = run(time_rank, [seed] * world_size, args=(list(sizes), repeats), backend="torch",
-              timeout=timeout)
+    res = supervisor.run("gloo", time_rank, [seed] * world_size, args=(list(sizes), repeats),
+                         timeout=timeout)
     table = {}
     for nbytes in sizes:
         per_rank = [r[nbytes] for r in res.outputs]

@@ -60,7 +60,7 @@ def dumps(obj):
 def _answer_inspections(conn):
     # When a run goes wrong the parent asks every rank for the messages it has
     # sent and received so far (a rank blocked in gloo can't answer itself).
-    from . import protocol
+    from . import world as protocol
     while True:
         try:
             conn.recv_bytes()
@@ -92,8 +92,8 @@ def main(conn_fd, status_fd, side_fd):
     import torch.distributed as dist       # already imported by the zygote
     from . import status as st
     from .outcome import Outcome
-    from . import protocol
-    from .protocol import error_report, run_rank, stack_report
+    from . import world as protocol
+    from .world import error_report, run_rank, stack_report
     status = st.Status.attach(status_fd)
 
     # On SIGUSR1 (sent by the parent at a timeout) write where the program is.
@@ -152,7 +152,7 @@ def zygote(sock_fd):
     """Import torch, then fork one worker per request ``(conn_fd, status_fd, side_fd)``."""
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     # The slow imports, done once here and shared by every worker forked from here.
-    for name in ("torch.distributed", "ringlab.backends.torch.protocol", "cloudpickle"):
+    for name in ("torch.distributed", "ringlab.backends.torch.world", "cloudpickle"):
         try:
             importlib.import_module(name)
         except ImportError:

@@ -54,6 +54,7 @@ import numbers
 from importlib import resources
 from pathlib import Path
 
+from ...trace import VIEWS
 from ..views import OPS, holdings
 from .layouts import LAYOUTS, infer_layout, layout
 from .payloads import Contributions, contributions
@@ -248,3 +249,8 @@ def show_run(res, inputs, **options):
 def save_html(trace, path, **options):
     """Write ``trace``'s player as a standalone ``.html`` page; returns the path."""
     return TracePlayer(trace, **options).save(path)
+
+
+# The trace's own methods (``trace.show()``, ``trace.save_html()``, ``res.show(inputs)``)
+# hand the trace to these.
+VIEWS.update(player=TracePlayer, save_html=save_html, run_player=show_run)

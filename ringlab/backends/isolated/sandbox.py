@@ -1,0 +1,249 @@
+"""What a rank process may not do while the learner's program runs in it.
+
+Inside an isolated run (see the package's docstring) the program has a process
+of its own; these guards keep it to its own data and its own work:
+
+* ringlab's answers to the exercise (``ringlab.answers``) are removed from the
+  process: their code is replaced by a stub that ends the rank, and a profile
+  hook sees any call into a copy of them;
+* an audit hook (which cannot be removed) ends the rank if the program writes a
+  file, makes or renames one, signals, opens a socket, maps memory, forks or
+  starts a process (ways to another rank's process, or around the grader's
+  memory reading), switches the profiler off, loads C code through ctypes or
+  reads the source of a module that holds an answer;
+* limits: address space, file size; the process is not dumpable; malloc gives
+  freed arrays back to the system, so the grader's reading of the process's
+  resident memory, from outside, tracks what it holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import importlib.util
+import os
+import resource
+import sys
+import threading
+import types
+
+from . import pipe as wire
+
+
+def import_what_it_names(data):
+    """Import the modules the pickled program refers to (by a global, or as a
+    module in its globals), before its memory is read: a module's code is not
+    the program's data, and loading would import them anyway."""
+    import pickletools
+    names, recent, memo = [], [None, None], {}
+    with contextlib.suppress(Exception):
+        for op, arg, _ in pickletools.genops(data):
+            if op.name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
+                memo[len(memo) if op.name == "MEMOIZE" else arg] = recent[-1]
+                continue
+            value = memo.get(arg) if op.name in ("GET", "BINGET", "LONG_BINGET") else arg
+            if op.name == "GLOBAL" and isinstance(arg, str):
+                names.append(arg.partition(" ")[0])
+            elif op.name == "STACK_GLOBAL" and isinstance(recent[0], str):
+                names.append(recent[0])
+            elif isinstance(value, str) and recent[-1] == ("global", "subimport"):
+                names.append(value)
+            recent = [recent[-1], ("global", recent[-1]) if op.name == "STACK_GLOBAL" else
+                      ("global", arg.partition(" ")[2]) if op.name == "GLOBAL" else
+                      value if isinstance(value, str) else None]
+    for name in dict.fromkeys(names):
+        if type(name) is str and all(p.isidentifier() for p in name.split(".")):
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
+
+
+class ReferenceCalled(Exception):
+    """The program ran one of ringlab's answers to an exercise (``ringlab.answers``)."""
+
+
+def _answers(banned):
+    """The functions named in ``banned`` (``module:qualname``, see
+    ``ringlab.answers.name_of``), each with the words that name it, and the
+    ``(file, qualname)`` of their code. A decorated answer counts through to the
+    function it wraps (``@collective``'s wrapper is shared code; what it wraps is not)."""
+    codes = {}
+    for entry in banned:
+        module, _, qualname = str(entry).partition(":")
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        exercises = ", ".join(getattr(obj, "__ringlab_answers__", ()))
+        words = f"ringlab's own answer to {exercises} ({module}.{qualname})"
+        while isinstance(obj, types.FunctionType):
+            if obj.__closure__ is None:
+                codes[(obj.__code__.co_filename, obj.__code__.co_qualname)] = words
+            obj = getattr(obj, "__wrapped__", None)
+    return codes
+
+
+def _report_and_exit(why, kind="ReferenceCalled"):
+    """Tell the grading process and end this rank now: an exception could be
+    caught by the program, ``os._exit`` cannot. ``kind``: the exception's name
+    in the report (ReferenceCalled, or NotAllowed for a way around isolation)."""
+    link = LINK[0]
+    with contextlib.suppress(BaseException):
+        if link is None:
+            wire.send(CONN[0], [0, ["error", kind, why, ""]])
+        else:                         # on the stream of the thread that called
+            link.send(getattr(link.local, "sid", 0) or 0, ["error", kind, why, ""])
+    os._exit(0)
+
+
+CONN = [None]        # the rank's pipe to the grader, for _report_and_exit
+LINK = [None]        # and its _Link, once the program runs
+_THREAD_START = {threading.Thread._bootstrap_inner.__code__}
+# Ways out of what the grader watches: another process (its memory and its
+# reads are not this rank's), memory that tracemalloc does not see (mmap), a
+# second name for a reference file (a hard link). Audit event -> words.
+FORBIDDEN_EVENTS = {"mmap.__new__": "mmap (memory the grader's measurement does not see)",
+                    "os.link": "os.link", "os.symlink": "os.symlink",
+                    "subprocess.Popen": "a subprocess", "os.system": "os.system",
+                    "os.posix_spawn": "os.posix_spawn", "os.fork": "os.fork",
+                    "os.forkpty": "os.forkpty", "os.spawn": "os.spawn*",
+                    # Ways to another rank's process: files it could read (see
+                    # _WRITES), names and times of files, signals, sockets.
+                    "os.mkdir": "os.mkdir", "os.rename": "os.rename", "os.remove": "os.remove",
+                    "os.rmdir": "os.rmdir", "os.chmod": "os.chmod", "os.chown": "os.chown",
+                    "os.utime": "os.utime", "os.truncate": "os.truncate",
+                    "os.setxattr": "os.setxattr", "os.kill": "os.kill", "os.killpg": "os.killpg",
+                    "socket.__new__": "a socket", "socket.socketpair": "a socket"}
+# open() for writing: ranks are separate processes so that they share nothing
+# but messages; a file one rank writes and another reads would be a channel the
+# trace does not see (a red team summed a vector that way, with no messages).
+_WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+_ARMED = [False]      # while the program runs
+
+
+def _poison(codes):
+    """Replace the code of every banned answer in this process by a stub that
+    ends the rank: the answer no longer exists here, however the program
+    reaches it (sys.modules, gc, a package attribute, a copy of the function,
+    a thread without the profile hook). The originals are dropped, not kept."""
+    for obj in gc.get_objects():
+        if not isinstance(obj, types.FunctionType) or obj.__closure__:
+            continue
+        words = codes.get((obj.__code__.co_filename, obj.__code__.co_qualname))
+        if words is not None:
+            # The stub runs with the answer's own globals: its one name goes there.
+            obj.__globals__["_ringlab_answer_called"] = _report_and_exit
+            stub = {}
+            exec(compile(f"def stub(*args, **kwargs):\n    _ringlab_answer_called("
+                         f"{'the program called ' + words!r})\n",
+                         "<answer removed by the grader>", "exec"), stub)
+            obj.__code__ = stub["stub"].__code__
+
+
+def _audit(files):
+    """An audit hook (it cannot be removed): while the program runs, switching
+    the profiler off, reading a reference's source or loading C code through
+    ctypes ends the rank."""
+    sources = {f for f in files} | {importlib.util.cache_from_source(f) for f in files
+                                     if f.endswith(".py")}
+    # Files are compared by inode too: a hard link to a reference has another path.
+    inodes = set()
+    for f in sources:
+        with contextlib.suppress(OSError):
+            st = os.stat(f)
+            inodes.add((st.st_dev, st.st_ino))
+
+    def hook(event, args):
+        if not _ARMED[0]:
+            return
+        if event in FORBIDDEN_EVENTS or event.startswith("os.exec"):
+            _report_and_exit(f"the program used {FORBIDDEN_EVENTS.get(event, event)}, which "
+                             f"the grader does not allow", "NotAllowed")
+        if event in ("sys.setprofile", "sys.settrace"):
+            # A new thread installs threading's hook (ours) from its bootstrap: allowed.
+            if sys._getframe(1).f_code in _THREAD_START:
+                return
+            _report_and_exit(f"the program called {event} (the grader's guard against "
+                             f"running ringlab's own answers)")
+        elif event.startswith("ctypes."):
+            _report_and_exit("the program used ctypes, which the grader does not allow")
+        elif event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+            path = os.path.realpath(os.fsdecode(args[0]))
+            if isinstance(args[2], int) and args[2] & _WRITES and path != os.devnull:
+                _report_and_exit(f"the program opened a file for writing ({path}): ranks "
+                                 f"share data only through messages", "NotAllowed")
+            try:
+                st = os.stat(path)
+                linked = (st.st_dev, st.st_ino) in inodes
+            except OSError:
+                linked = False
+            if path in sources or linked:
+                _report_and_exit(f"the program read the source of ringlab's answers "
+                                 f"({os.path.basename(path)}), which hold an exercise's answer")
+    sys.addaudithook(hook)
+
+
+@contextlib.contextmanager
+def no_reference(banned):
+    """Fail the rank if, while the program runs, one of the ``banned`` answers
+    (ringlab's own answers to this exercise, or to another it may not build
+    on) is called, however the program reached it (an import under a name
+    built at run time, a package attribute, gc). Three layers: the answers'
+    code is replaced by a stub that ends the rank; a profile hook sees every
+    call (on this thread and on the threads of ``comm.start`` works); an audit
+    hook ends the rank if the program switches the profiler off, reads the
+    source of a module that holds an answer (to make a fresh copy) or uses
+    ctypes. The audit hook also keeps the ranks apart: no file writes,
+    sockets, signals or subprocesses, so the messages are the only way between
+    them."""
+    codes = _answers(banned)
+    _poison(codes)
+    sys.dont_write_bytecode = True       # an import must not write a .pyc: no writes at all
+    _audit({os.path.realpath(file) for file, _ in codes})
+    hit = []
+
+    def hook(frame, event, arg):
+        if event == "call" and not hit:
+            words = codes.get((frame.f_code.co_filename, frame.f_code.co_qualname))
+            if words is not None:
+                hit.append(words)
+    if codes:                  # a profile hook slows every call: only where it watches something
+        sys.setprofile(hook)
+        threading.setprofile(hook)
+    _ARMED[0] = True
+    try:
+        yield
+    finally:
+        _ARMED[0] = False
+        if codes:
+            sys.setprofile(None)
+            threading.setprofile(None)
+        if hit:
+            raise ReferenceCalled(f"the program called {hit[0]}")
+
+
+def limit(memory_mb):
+    """Address space: what the process has now (numpy is loaded) plus ``memory_mb``.
+    Files it writes: at most 16 MiB each. Not dumpable: other processes of the
+    same user cannot read its memory through /proc (nor it theirs, likewise)."""
+    if memory_mb is not None:
+        with open("/proc/self/statm") as f:
+            now = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        limit = now + int(memory_mb) * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 2**20, 16 * 2**20))
+    with contextlib.suppress(Exception):
+        import ctypes
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)       # PR_SET_DUMPABLE = 4
+
+
+def malloc_returns_memory():
+    """Make freed arrays leave the process's resident memory at once, so that
+    the grader's reading of it (from outside) tracks what the rank holds: every
+    block of 128 KiB or more gets pages of its own (mmap), given back when freed.
+    (By default glibc raises that threshold after each such free, and keeps the
+    pages.) M_MMAP_THRESHOLD is -3, M_TRIM_THRESHOLD -1 in mallopt's numbering."""
+    with contextlib.suppress(Exception):
+        import ctypes
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 128 * 1024)
+        libc.mallopt(-1, 128 * 1024)

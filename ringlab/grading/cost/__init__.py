@@ -1,0 +1,1 @@
+"""Graders of Part 6, cost models and networks: ``hierarchical_allreduce``."""

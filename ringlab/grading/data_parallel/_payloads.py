@@ -1,0 +1,77 @@
+"""What the data-parallel AllReduces carry: the gradients, not a stand-in.
+
+A trace with the right shape (steps, bytes, neighbours) can still carry zeros
+while the real gradients travel through Python memory that all ranks share in
+the simulator. So the graders read every recorded message: in a ring
+AllReduce, rank r's i-th message is one chunk of the reduced vector summed
+over the i+1 ranks before it on the ring (itself included) in the
+reduce-scatter phase, and over all P in the all-gather phase. The grader
+knows each rank's vector (its weighted gradient), so it can check that.
+"""
+
+import numpy as np
+
+from ..kit.report import Failure, numbers
+
+
+def messages_by_rank(trace, world_size, stream):
+    """Each rank's messages on ``stream`` in the order it sent them."""
+    out = [[] for _ in range(world_size)]
+    for e in sorted(trace, key=lambda e: (e.step, e.seq)):
+        if e.stream == stream:
+            out[e.src].append(e)
+    return out
+
+
+def _is_partial_sum(payload, vectors, members, scales):
+    """``payload`` equals ``s * sum(vectors[m][chunk])`` for some chunk and scale s."""
+    if not (isinstance(payload, np.ndarray) and type(payload) is np.ndarray
+            and payload.dtype == np.float64 and payload.ndim == 1):
+        return False
+    n = len(vectors)
+    for chunk in np.array_split(np.arange(len(vectors[0])), n):
+        if len(chunk) != payload.size:
+            continue
+        parts = np.array([vectors[m][chunk] for m in members])
+        total = parts.sum(axis=0)
+        # The learner computes its gradient in its own order: allow rounding,
+        # relative to the size of the numbers added (cancellation included).
+        tol = 1e-7 * np.abs(parts).sum(axis=0) + 1e-12 * (np.abs(parts).max(initial=0) + 1e-300)
+        for s in scales:
+            if np.all(np.abs(payload - s * total) <= s * tol):
+                return True
+    return False
+
+
+def check_allreduces(result, case, per_rank, operands, scales, what, hint):
+    """``per_rank[r]``: rank r's messages, 2(P-1) per AllReduce call, in order;
+    ``operands[c]``: for call c, a list of alternatives, each a list of the P
+    ranks' vectors. A Failure for the first message that is not a partial sum
+    of any alternative (the check "every message carries ``what``")."""
+    n = case.world_size
+    per_call = 2 * (n - 1)
+    if n == 1 or result.payloads is None:
+        return None
+    for r in range(n):
+        for j, e in enumerate(per_rank[r]):
+            call, i = divmod(j, per_call)
+            if call >= len(operands):
+                break
+            if i < n - 1:
+                side = 1 if e.dst == (e.src + 1) % n else -1
+                members = [(e.src - k * side) % n for k in range(i + 1)]
+            else:
+                members = list(range(n))
+            p = result.payload(e)
+            if any(_is_partial_sum(p, alt, members, scales) for alt in operands[call]):
+                continue
+            phase = "reduce-scatter" if i < n - 1 else "all-gather"
+            return Failure(
+                case.label, f"every message carries {what}",
+                f"AllReduce {call}, {phase}: rank {e.src}'s message {i + 1} to rank {e.dst} "
+                f"(step {e.step}) does not hold a chunk of {what} summed over the right ranks",
+                expected=f"one chunk of np.array_split(vector, {n}) summed over "
+                         f"{len(members)} rank(s)' vectors",
+                got=f"{p.size if isinstance(p, np.ndarray) else '?'} values: {numbers(p)}",
+                hint=hint)
+    return None

@@ -1,0 +1,362 @@
+"""Grader for exercise ``async_ps``: asynchronous SGD with a parameter server, SSP bound s.
+
+Signature: ``async_ps(comm, spec, s) -> (params, log)`` on rank 0 (the
+server), with ``log`` an int array of shape (updates, 2), row i =
+``(worker, version_read)`` of the i-th gradient applied; the workers (ranks
+1..P) return nothing. ``spec``
+is the task as plain data; ``PSTask.from_spec(spec)`` (``ringlab.data_parallel.
+ps_task``) rebuilds it. The protocol is the one in
+``ringlab.data_parallel.async_ps``: the server sends parameters
+(or ``STOP``, an empty array), a worker answers each parameter message with
+one gradient from ``task.work(comm, params, k)``, the server applies
+``params -= task.lr * grad`` in arrival order (``recv_any``) and logs
+``(worker, version_read)``.
+
+The learner's log and result are never trusted: every check is derived from
+the trace and its payloads (the run records them), on hidden worker speeds
+(a random straggler, 2-3x slower) and s in {0, 1, 2, inf}:
+
+1. it runs: no exception, deadlock or unreceived message;
+2. the server returns ``(params, log)``;
+3. messages go only between the server and a worker; the server sends
+   parameters or STOP, a worker sends gradients;
+4. each worker pulls, computes, pushes, pulls ... and ends on one STOP;
+5. each gradient is the one ``task.work`` computes from the parameters the
+   worker was sent (one ``"gradient"`` compute per push, of exactly the hidden time);
+6. exactly ``task.updates`` gradients are pushed in all;
+7. the log lists the gradients in the order they arrived, each once;
+8. every parameter message is the initial parameters with the first v
+   arrived gradients applied, v including the worker's own last gradient;
+9. the log's versions are those the workers were sent;
+10. the final parameters are the replay of all arrived gradients, in order;
+11. staleness never above s: a worker starts clock n only with parameters
+    holding at least n - s gradients of every worker;
+12. no worker waits when it need not: the reply to a gradient carries the
+    first version at which the SSP bound lets the worker go on;
+13. no idling, in simulated time: a worker computes only its gradients, each
+    starting when its parameters arrive; the server sends each parameter
+    message as soon as it may (when the gradient that allows it has arrived,
+    or when its send port is free);
+14. throughput, a backstop: the run's simulated time is at most 1.5x the
+    reference's on the same hidden speeds. (Not tighter: which worker gets
+    the last updates decides the makespan, and a correct server that releases
+    held workers in another order takes another, equally valid path; 10-20%
+    apart was seen.)
+
+Gradients are compared bit for bit: apply exactly ``params -= task.lr * grad``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import numpy as np
+
+from ..kit.report import Case, Failure, numbers
+
+from ..kit.running import plain_array, run_case
+from ...data_parallel.async_ps import NETWORK, run_async_ps
+from ...data_parallel.ps_task import PSTask
+
+NAME = "async_ps"
+SLACK = 1.5           # the stated throughput factor: at most 1.5x the reference's time
+EPS = 1e-9            # simulated seconds: float noise in times
+RECV_ANY = ("Receive with `w, grad = comm.recv_any()` and apply each gradient at once, "
+            "in the order recv_any returns them.")
+
+
+def cases(rng):
+    """Small worlds first; hidden speeds: means in [50, 150] ms, one straggler 2-3x."""
+    for workers, s, updates in ((3, math.inf, 18), (4, 0, 24), (4, 1, 30), (3, 2, 25),
+                                (5, math.inf, 30), (2, 0, 10), (6, 1, 33)):
+        means = rng.uniform(0.05, 0.15, workers)
+        straggler = int(rng.integers(workers))
+        means[straggler] *= rng.uniform(2.0, 3.0)
+        seed = int(rng.integers(10**6))
+        task = PSTask(PSTask.make(sizes=(4, 8, 3), seed=seed).init, updates, 0.1,
+                      tuple(float(m) for m in means), 0.25, seed, sizes=(4, 8, 3))
+        label = f"{workers} workers, s={s}, updates={updates}, straggler rank {straggler + 1}"
+        # Every rank gets plain data (isolated rank processes take nothing else).
+        yield Case(workers + 1, [task.spec] * (workers + 1), label, args=(s,),
+                   info={"task": task, "s": s})
+
+
+def check(program, case, backend="sim"):
+    task, s, label = case.info["task"], case.info["s"], case.label
+    n_params, T = task.init.size, task.updates
+    # Payloads and simulated time are the simulator's: this grader runs there.
+    res, failure = run_case(program, case, "sim", record_payloads=True, network=NETWORK)
+    if failure:
+        return failure
+    fail = lambda check, what, **kw: Failure(label, check, what, **kw)  # noqa: E731
+    workers = range(1, case.world_size)
+
+    # 2. what the ranks return
+    out = res.outputs[0]
+    if not (isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[0], np.ndarray)
+            and out[0].shape == (n_params,)):
+        return fail("the server returns (params, log)",
+                    f"rank 0 returned {type(out).__name__}",
+                    expected=f"a tuple (params of shape ({n_params},), log: an int array "
+                             f"of shape (updates, 2), rows (worker, version_read))")
+    params, log = out
+    failure = plain_array(case, "the server", params, f"params of shape ({n_params},)")
+    if failure:
+        return failure
+    rows = np.asarray(log) if isinstance(log, (np.ndarray, list, tuple)) else None
+    if (rows is None or rows.ndim != 2 or rows.shape[1:] != (2,)
+            or not np.issubdtype(rows.dtype, np.integer)):
+        return fail("the server returns (params, log)",
+                    f"the log is {type(log).__name__}" + (
+                        f" of shape {rows.shape}, dtype {rows.dtype}" if rows is not None else ""),
+                    expected="an int array of shape (updates, 2): row i = (worker, "
+                             "version_read) of the i-th applied gradient",
+                    hint="Collect (worker, version_read) pairs in a list, and return "
+                         "np.array(log).")
+    log = [(int(w), int(v)) for w, v in rows]
+
+    # 3. who sends what
+    down, up = defaultdict(list), defaultdict(list)     # per worker, in step order
+    for e in res.trace:
+        if 0 not in (e.src, e.dst):
+            return fail("messages go only between the server and a worker",
+                        f"at step {e.step} worker {e.src} sent worker {e.dst} a message",
+                        hint="Workers never talk to each other in a parameter server.")
+        x = res.payload(e)
+        if e.src == 0:
+            if not (x.size == 0 or (x.shape == (n_params,) and x.dtype == np.float64)):
+                return fail("the server sends parameters or STOP",
+                            f"at step {e.step} the server sent worker {e.dst} shape {x.shape}",
+                            expected=f"the parameters, shape ({n_params},), or STOP (np.empty(0))")
+            down[e.dst].append(e)
+        else:
+            if x.shape != (n_params,):
+                return fail("a worker pushes one gradient per message",
+                            f"at step {e.step} worker {e.src} sent shape {x.shape}",
+                            expected=f"a gradient of shape ({n_params},)")
+            up[e.src].append(e)
+
+    # 4. pull, compute, push, pull, ..., STOP
+    for w in workers:
+        d, u = down[w], up[w]
+        stops = [i for i, e in enumerate(d) if e.nbytes == 0]
+        if stops != [len(d) - 1]:
+            what = (f"worker {w} was sent {len(stops)} STOP messages" if len(stops) != 1 else
+                    f"worker {w} was sent parameters after its STOP")
+            return fail("every worker ends on one STOP", what,
+                        expected="parameter messages, then one STOP (np.empty(0)), last")
+        if len(d) - 1 != len(u):
+            return fail("one gradient comes back for every parameter message",
+                        f"worker {w} was sent {len(d) - 1} parameter messages and pushed "
+                        f"{len(u)} gradients",
+                        hint="A worker answers each parameter message with exactly one gradient.")
+        for k in range(len(u)):
+            if u[k].step < d[k].step:
+                return fail("each worker pulls, computes, pushes, then pulls again",
+                            f"worker {w} pushed gradient {k} (step {u[k].step}) before it "
+                            f"received the parameters for it (step {d[k].step})",
+                            hint="After a push the worker must wait for the server's reply: "
+                                 "`params = comm.recv(0)`, and compute from those.")
+            if d[k + 1].step < u[k].step:
+                return fail("each worker pulls, computes, pushes, then pulls again",
+                            f"the server sent worker {w} new parameters (step {d[k + 1].step}) "
+                            f"before its gradient {k} (step {u[k].step})",
+                            hint="Reply to a worker only after its gradient arrived.")
+
+    # 5. the gradients are task.work's, from the parameters sent
+    for w in workers:
+        comp = [c for c in res.trace.computes if c.rank == w and c.label == "gradient"]
+        if len(comp) != len(up[w]) or [c.get("k") for c in comp] != list(range(len(comp))):
+            return fail("one gradient computed per push",
+                        f"worker {w} computed gradients k={[c.get('k') for c in comp]} and "
+                        f"pushed {len(up[w])}",
+                        hint="Call task.work(comm, params, k) once per push, k = 0, 1, 2, ...")
+        for c in comp:
+            # The hidden compute time is part of the task: a shorter one fakes speed.
+            if not np.isclose(c.duration, task.compute_time(w, c.get("k")), rtol=1e-9, atol=0):
+                return fail("one gradient computed per push",
+                            f"worker {w} spent {c.duration:.6g} s on gradient k={c.get('k')}, "
+                            f"but that gradient takes {task.compute_time(w, c.get('k')):.6g} s",
+                            hint="Let task.work(comm, params, k) spend the compute time: do not "
+                                 "call comm.compute yourself for the gradient.")
+        for k, e in enumerate(up[w]):
+            want = task.gradient(res.payload(down[w][k]), w, k)
+            if not np.array_equal(res.payload(e), want):
+                older = k and np.array_equal(
+                    res.payload(e), task.gradient(res.payload(down[w][k - 1]), w, k))
+                return fail("each gradient is computed from the parameters the worker was sent",
+                            f"worker {w}'s gradient {k} is not task.work of the parameters it "
+                            f"received before it" + (
+                                f": it is computed from the parameters of pull {k - 1}, so the "
+                                f"worker pushed again without waiting for fresh ones"
+                                if older else ""),
+                            hint="Push exactly what task.work(comm, params, k) returns, for the "
+                                 "params of the latest comm.recv(0).")
+
+    # 6. exactly task.updates gradients
+    arrivals = sorted((e for w in workers for e in up[w]), key=lambda e: e.step)
+    if len(arrivals) != T:
+        return fail("the server applies exactly task.updates gradients",
+                    f"{len(arrivals)} gradients were pushed in all",
+                    expected=f"task.updates = {T}: hand out exactly {T} parameter messages, "
+                             f"then STOP",
+                    hint="Count the parameter messages sent (each brings one gradient back); "
+                         "once it reaches task.updates, answer with STOP.")
+
+    # 7. the log: every arrived gradient, once, in arrival order
+    order = [e.src for e in arrivals]
+    logged = [w for w, _ in log]
+    if len(log) != len(arrivals):
+        return fail("every pushed gradient is applied exactly once",
+                    f"the log has {len(log)} entries for {len(arrivals)} gradients that arrived",
+                    hint="Log one (worker, version_read) per gradient received, as you apply it.")
+    if logged != order:
+        i = next(i for i, (a, b) in enumerate(zip(logged, order)) if a != b)
+        return fail("gradients are applied in the order they arrive",
+                    f"log entry {i} is a gradient of worker {logged[i]}, but gradient {i} to "
+                    f"arrive came from worker {order[i]}",
+                    expected=f"arrival order {order[:i + 3]} ...", got=f"{logged[:i + 3]} ...",
+                    hint=RECV_ANY)
+
+    # 8. every parameter message is a prefix of the arrivals, replayed
+    index = {id(e): i for i, e in enumerate(arrivals)}
+    grads = [res.payload(e) for e in arrivals]
+    states, p = [task.init.copy()], task.init.copy()
+    for g in grads:
+        p -= task.lr * g
+        states.append(p.copy())
+    version_of = {s_.tobytes(): v for v, s_ in enumerate(states)}
+    version = {}                                  # (worker, k) -> version of its k-th params
+    for w in workers:
+        for k, e in enumerate(down[w][:-1]):
+            x = res.payload(e)
+            v = version_of.get(x.tobytes())
+            floor = index[id(up[w][k - 1])] + 1 if k else 0
+            if v is None:
+                return fail("the server applies every gradient once, in arrival order",
+                            f"the parameters sent to worker {w} at step {e.step} are not the "
+                            f"initial ones with the first v arrived gradients applied, for any v"
+                            + _diagnose(x, states, grads, task.lr, floor),
+                            hint="params -= task.lr * grad, once per gradient, as it arrives. "
+                                 + RECV_ANY)
+            if v < floor:
+                return fail("the server sends the current parameters",
+                            f"worker {w}'s parameters at step {e.step} are version {v}, without "
+                            f"its own gradient {k - 1}, which arrived as gradient {floor - 1}: "
+                            f"version {floor} and later hold it",
+                            hint="Apply the gradient first, then reply with the parameters.")
+            version[w, k] = v
+
+    # 9. the log's versions are the truth
+    seen = defaultdict(int)
+    for i, (w, v) in enumerate(log):
+        k = seen[w]
+        seen[w] += 1
+        if v != version[w, k]:
+            return fail("the log records the version each worker read",
+                        f"log entry {i} says worker {w} read version {v}, but the parameters "
+                        f"it was sent were version {version[w, k]}",
+                        hint="Remember, per worker, len(log) at the moment you send it "
+                             "parameters; log that when its gradient arrives.")
+
+    # 10. the final parameters
+    if not np.array_equal(params, states[-1]):
+        return fail("the final parameters are the replay of the applied gradients",
+                    "the server's final parameters differ from the initial ones with every "
+                    "arrived gradient applied once, in arrival order"
+                    + _diagnose(params, states, grads, task.lr, len(states) - 1),
+                    expected=numbers(states[-1], 3), got=numbers(params, 3),
+                    hint="Return the parameters the server updated, not a copy made elsewhere.")
+
+    # 11-12. the SSP bound, and no waiting beyond it
+    clocks = [dict.fromkeys(workers, 0)]            # per version: gradients of each worker
+    for w in order:
+        clocks.append({**clocks[-1], w: clocks[-1][w] + 1})
+    for w in workers:
+        for k in range(len(down[w]) - 1):
+            v = version[w, k]
+            slowest = min(clocks[v], key=clocks[v].get)
+            if k - clocks[v][slowest] > s:
+                return fail("staleness never above s",
+                            f"worker {w} started clock {k} with parameters of version {v}, "
+                            f"which hold only {clocks[v][slowest]} gradients of worker "
+                            f"{slowest}: {k} - {clocks[v][slowest]} > s = {s}",
+                            hint="Hold a worker's reply back while its clock minus the "
+                                 "slowest worker's clock is above s.")
+            if k:
+                first = index[id(up[w][k - 1])] + 1
+                ready = next(u for u in range(first, len(clocks))
+                             if k - min(clocks[u].values()) <= s)
+                if v > ready:
+                    return fail("no worker waits when it need not",
+                                f"worker {w} could start clock {k} at version {ready} "
+                                f"(within s = {s} of the slowest) but was sent parameters "
+                                f"only at version {v}",
+                                hint="After each gradient you apply, release every held "
+                                     "worker whose clock is within s of the slowest.")
+
+    # 13. no idling: workers compute only gradients, from the moment their
+    # parameters arrive; the server sends as soon as the trigger has arrived
+    # and its send port is free.
+    for w in workers:
+        extra = [c for c in res.trace.computes if c.rank == w and c.label != "gradient"]
+        if extra:
+            return fail("no worker idles",
+                        f"worker {w} computed {extra[0].label!r} for "
+                        f"{extra[0].duration * 1e3:.1f} ms",
+                        expected="only gradients, with task.work",
+                        hint="A worker pulls, computes with task.work, pushes: nothing else.")
+        comp = sorted((c for c in res.trace.computes if c.rank == w), key=lambda c: c.start)
+        for k, c in enumerate(comp):
+            arrived = down[w][k].end
+            if c.start > arrived + EPS:
+                return fail("no worker idles",
+                            f"worker {w}'s parameters for gradient {k} arrived at "
+                            f"{arrived * 1e3:.1f} ms, but it started computing at "
+                            f"{c.start * 1e3:.1f} ms",
+                            hint="Compute as soon as the parameters arrive.")
+    sends = sorted((e for w in workers for e in down[w]), key=lambda e: e.step)
+    port_free = 0.0
+    for e in sends:
+        w, k = e.dst, down[e.dst].index(e)
+        if k < len(down[w]) - 1:                      # a parameter message, not STOP
+            first = index[id(up[w][k - 1])] + 1 if k else 0
+            ready = next(u for u in range(first, len(clocks))
+                         if k - min(clocks[u].values()) <= s)
+            trigger = arrivals[ready - 1].end if ready else 0.0
+            could = max(trigger, port_free)
+            if e.start > could + EPS:
+                return fail("the server never idles",
+                            f"the server could send worker {w} its parameters for clock "
+                            f"{k} at {could * 1e3:.1f} ms but they left at "
+                            f"{e.start * 1e3:.1f} ms",
+                            hint="Reply as soon as a gradient is applied; do not compute or "
+                                 "wait on the server.")
+        port_free = e.end
+
+    # 14. throughput against the reference on the same hidden speeds
+    ref = case.info.get("reference")
+    if ref is None:
+        ref = case.info["reference"] = run_async_ps(task, s).time
+    if res.time > SLACK * ref:
+        return fail("throughput within 1.5x of the reference",
+                    f"{T} updates took {res.time:.3f} simulated seconds",
+                    expected=f"at most {SLACK} x {ref:.3f} s",
+                    got=f"{res.time / ref:.2f} x the reference",
+                    hint="Do not wait or compute more than the protocol needs.")
+    return None
+
+
+def _diagnose(x, states, grads, lr, v):
+    """Words for parameters that are no prefix: one gradient dropped or applied twice?"""
+    for u in range(min(v, len(states) - 1), len(states)):
+        for j, g in enumerate(grads[:u]):
+            if np.allclose(x, states[u] + lr * g, rtol=0, atol=1e-12):
+                return f" (they look like version {u} without gradient {j}: dropped?)"
+            if np.allclose(x, states[u] - lr * g, rtol=0, atol=1e-12):
+                return f" (they look like version {u} with gradient {j} applied twice)"
+        if np.allclose(x, states[u], rtol=0, atol=1e-12):
+            return (f" (they equal version {u} up to rounding: applied in another order, "
+                    f"or not as params -= task.lr * grad?)")
+    return ""

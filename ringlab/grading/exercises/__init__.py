@@ -1,1 +1,0 @@
-"""One grader module per exercise id, in one folder per part of the book."""

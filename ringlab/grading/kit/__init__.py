@@ -1,0 +1,7 @@
+"""What every grader uses: ``report`` (the report, the grade loop, running a
+case), ``checks`` (trace checks and the integrity of the grader's modules),
+``blocks`` and ``sums`` / ``contributions`` (what a message's payload holds),
+``causality`` (a message carries only what its sender knew), ``deadlock``
+(diagnoses), ``apart`` (the self-check in a process of its own), ``driver``
+(what a grader's driver uses inside the ranks) and ``frames`` (tracebacks
+without the grader's own lines)."""

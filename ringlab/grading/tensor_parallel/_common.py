@@ -1,0 +1,771 @@
+"""What the four tensor-parallel graders share: cases, driver, value and message checks.
+
+A grader module describes its layer (see ``column_parallel_linear.py``):
+``spec(rng, dims, t)`` draws the weights, and ``group(weights, rng, dims, t)``
+one tensor-parallel group's input and output gradient and returns an
+``Expected``: each rank's inputs, the outputs the unsharded ``ringlab.nn``
+layer gives for that rank's block, what each pass may communicate (``Pass``)
+and the usual mistakes as formulas (``Mistake``).
+
+The checks, in order, on every case:
+
+1. it runs: no exception, deadlock or unreceived message;
+2. forward returns ``(y, backward)`` and backward ``(dx, grads)`` with every
+   gradient named, and every array has its shape;
+3. every message is float64 (float32 on the wire rounds the values); then
+   ``y``, ``dx`` and every gradient equal the unsharded layer's, per rank's
+   block, to relative error 1e-10; a wrong value is matched against the
+   mistakes' formulas to say which one it is;
+4. the messages of each pass (the driver wraps forward and backward in spans
+   of its own): they stay in the tensor-parallel group, and each one is read
+   element by element (recorded payloads). An element must be a partial sum,
+   over some set of the group's ranks, of the pass's AllReduce operand (rank
+   r's partial product): that is what any AllReduce algorithm sends. The
+   grader also knows the data a program could ship instead (shards of X, of
+   dY, of the weights, hidden activations) and names them when a message
+   holds them: an AllGather of the inputs gives right values with the wrong
+   communication. Finally the volume: one bandwidth-optimal AllReduce of N
+   elements on t ranks moves 2(t-1) N elements in the group (a ring, a tree,
+   reduce-then-broadcast); twice that is two AllReduces. And every rank must
+   have received, in some partial sum, every other rank's part of every
+   element: the sum has to travel in the messages, not some other way.
+
+The last case repeats the first with, on rank r, the weights outside block r
+replaced by noise: a program that computes the whole layer on every rank and
+all-reduces for show only gives wrong values there.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..kit.frames import without_grader_frames
+from ..kit.checks import ratio
+from ..kit.report import Case, Failure, numbers
+from ..kit.running import plain_array, run_case
+from ..kit.driver import callable_learner
+from ...errors import DeadlockError, RankError
+from ...nn import Linear
+
+TOL = 1e-10
+FORWARD, BACKWARD = "tp-grader.forward", "tp-grader.backward"
+PASSES = {"forward": FORWARD, "backward": BACKWARD}
+
+
+@dataclass
+class Pass:
+    """What one pass (forward or backward) of one group may send.
+
+    ``allreduces``: 0 or 1. ``alternatives``: lists of the t ranks' operands
+    (same shape) whose AllReduce is right (several: e.g. the bias added on rank
+    0 only before the sum is as right as after it). ``raw``: label -> (the t
+    ranks' arrays, words for a message that holds them, hint)."""
+
+    allreduces: int
+    operand: str = ""
+    alternatives: list = field(default_factory=list)
+    raw: dict = field(default_factory=dict)
+    hint: str = ""
+
+
+@dataclass
+class Mistake:
+    """A usual mistake: the values it gives (output key -> the t ranks' arrays)."""
+
+    outputs: dict
+    what: str
+    hint: str
+
+
+@dataclass
+class Expected:
+    """One tensor-parallel group: inputs and expected outputs per rank (dicts in
+    order y, dx, gradients), the passes, the mistakes; or, with ``error``, the
+    exception every rank must raise: (type, [words its message must hold], why)."""
+
+    inputs: list
+    outputs: list = field(default_factory=list)
+    passes: dict = field(default_factory=dict)
+    mistakes: list = field(default_factory=list)
+    error: tuple | None = None
+
+
+# ------------------------------------------------------------------------ cases
+
+def make_cases(rng, layer, shapes):
+    """Cases for ``layer`` (a grader module): ``shapes`` is a list of
+    (t, mesh, dims), mesh None (the world is the tp group) or (dp, t): the tp
+    groups of a DeviceMesh, each with its own data (its rank numbers are then
+    group-local). Every rank gets its own copies of the arrays."""
+    # Last, the first shape again with, on each rank, the weights outside its own block
+    # replaced by noise: a program that computes the whole layer on every rank (all the
+    # weights are there) and all-reduces only for show gives wrong values there.
+    for i, (t, mesh, dims) in enumerate([*shapes, shapes[0]]):
+        dp = 1 if mesh is None else mesh[0]
+        weights = layer.weights(rng, dims)
+        groups = [layer.group(weights, rng, dims, t) for _ in range(dp)]
+        inputs = [_copy(groups[d].inputs[r]) for d in range(dp) for r in range(t)]
+        where = "the world" if mesh is None else f"the tp groups of a {dp}x{t} DeviceMesh (dp x tp)"
+        label = f"t={t} ({where}), {layer.describe(dims)}"
+        if i == len(shapes):
+            for g, inp in enumerate(inputs):
+                for k, (axis, mine) in layer.owned(dims, t, g % t).items():
+                    _noise_outside(inp[0][k], axis, mine, rng)
+            label += ("; on rank r, the weights outside block r are noise: "
+                      "rank r may use only its own block")
+        yield Case(dp * t, inputs, label,
+                   args=(None if mesh is None else tuple(mesh), tuple(layer.GRADS)),
+                   info=dict(t=t, mesh=mesh, groups=groups, dims=dims))
+
+
+def _noise_outside(a, axis, mine, rng):
+    """Overwrite ``a`` (in place) with noise, except the indices ``mine`` along ``axis``."""
+    others = np.setdiff1d(np.arange(a.shape[axis]), mine)
+    index = [slice(None)] * a.ndim
+    index[axis] = others
+    a[tuple(index)] = rng.standard_normal(a[tuple(index)].shape)
+
+
+def _copy(value):
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, (list, tuple)):
+        return [_copy(v) for v in value]
+    return value
+
+
+def with_bias(parts, bias, t):
+    """The operands of a right forward AllReduce: the partial products, or the bias
+    added before the sum on one rank (any one) or as bias/t on every rank."""
+    return ([parts] + [[p + bias if r == q else p for r, p in enumerate(parts)] for q in range(t)]
+            + [[p + bias / t for p in parts]])
+
+
+def block(n, t, r):
+    """Rank r's equal contiguous block of range(n)."""
+    return np.arange(r * n // t, (r + 1) * n // t)
+
+
+# ----------------------------------------------------------------------- driver
+
+RAISED = "raised"     # what a rank that raised the case's required error returns (as bytes)
+RAISED_SPAN = "tp-grader.raised"     # and the span it opens: seen in a failed run's trace too
+
+
+def drive(comm, inp, mesh, grad_names, learner, raises=None):
+    """What every rank runs: forward (in the grader's span), then backward.
+
+    Returns [status, y, dx, grads in ``grad_names`` order]; status is an empty
+    array, or a message (uint8 bytes) when the program returned the wrong kind
+    of thing, so that the grader can say so without a traceback of this code.
+    ``raises``: (exception type, words) of a case that must fail; a rank that
+    raises it returns [b"raised\\0TYPE\\0MESSAGE" as uint8, an empty array], so
+    that the grader learns which ranks raised it, not only the first."""
+    from ...mesh import DeviceMesh
+    learner = callable_learner(learner)
+    tp = comm if mesh is None else DeviceMesh(comm, mesh, ("dp", "tp")).group("tp")
+    args, dy = inp
+    try:
+        with comm.span(FORWARD):
+            out = learner(tp, *args)
+        if not (isinstance(out, tuple) and len(out) == 2 and callable(out[1])):
+            return _problem(f"the function returned {_kind(out)}; it must return a tuple "
+                            f"(y, backward), backward a function of dy")
+        y = out[0].copy() if type(out[0]) is np.ndarray else out[0]   # backward may reuse y
+        with comm.span(BACKWARD):
+            back = out[1](dy)
+    except Exception as exc:
+        if raises is None or not _is_required(exc, *raises):
+            raise
+        with comm.span(RAISED_SPAN):
+            pass
+        text = "\0".join([RAISED, type(exc).__name__, str(exc)[:300]])
+        return [np.frombuffer(text.encode(), dtype=np.uint8).copy(), np.zeros(0)]
+    if not (isinstance(back, tuple) and len(back) == 2 and isinstance(back[1], dict)):
+        return _problem(f"backward(dy) returned {_kind(back)}; it must return a tuple "
+                        f"(dx, grads), grads a dict {{name: gradient}}")
+    grads = back[1]
+    missing = [n for n in grad_names if n not in grads]
+    extra = [str(n) for n in grads if n not in grad_names]
+    if missing or extra:
+        return _problem(f"backward's grads has the keys {sorted(map(str, grads))}; they must be "
+                        f"{list(grad_names)}, named as in ringlab.nn")
+    values = [y, back[0]] + [grads[n] for n in grad_names]
+    for name, v in zip(["y", "dx"] + [f"grads[{n!r}]" for n in grad_names], values):
+        if not isinstance(v, np.ndarray):
+            return _problem(f"{name} is {_kind(v)}, not a numpy array")
+    return [np.zeros(0)] + values
+
+
+def _problem(text):
+    return [np.frombuffer(text.encode()[:2000], dtype=np.uint8).copy()]
+
+
+def _kind(value):
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+# ------------------------------------------------------------------------ check
+
+def check(program, case, backend, layer):
+    want_error = case.info["groups"][0].error
+    run = functools.partial(drive, learner=program,
+                            raises=None if want_error is None else tuple(want_error[:2]))
+    result, failure = run_case(run, case, backend)
+    if want_error is not None:
+        return _raised_everywhere(result, failure, case, want_error, layer)
+    if failure:
+        failure.got = without_grader_frames(failure.got)
+        return failure
+    return (_returned(result, case, layer) or _wire(result, case)
+            or _values(result, case, layer) or _messages(result, case, layer))
+
+
+def _is_required(exc, kind, words):
+    text = str(exc)
+    return isinstance(exc, kind) and all(
+        re.search(rf"(?<!\d){re.escape(w)}(?!\d)", text) for w in words)
+
+
+def _ranks(rs):
+    rs = list(rs)
+    return f"rank {rs[0]}" if len(rs) == 1 else (
+        "ranks " + ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}")
+
+
+def _raised_of(out):
+    """(type name, message) of a rank's output that says it raised the required error."""
+    if (isinstance(out, (list, tuple)) and len(out) == 2 and isinstance(out[0], np.ndarray)
+            and out[0].dtype == np.uint8 and isinstance(out[1], np.ndarray) and not out[1].size):
+        parts = out[0].tobytes().decode(errors="replace").split("\0")
+        if len(parts) == 3 and parts[0] == RAISED:
+            return parts[1], parts[2]
+    return None
+
+
+def _raised_everywhere(result, failure, case, want, layer):
+    """A case whose layer cannot be built: every rank raises the error (each rank is
+    its own process, and one rank's exception does not stop the others). Which
+    ranks raised it: their outputs, or in a failed run the span each opened."""
+    kind, words, why = want
+    n = case.world_size
+    check = f"raises {kind.__name__} when {why}"
+    expected = f"{kind.__name__} on every rank, its message naming {' and '.join(words)}"
+    hint = (f"{layer.ERROR_HINT} Every rank must raise it, before any communication: one "
+            f"rank's exception does not stop the others.")
+    if failure is None:
+        said = [_raised_of(out) for out in result.outputs]
+        raised = [g for g, x in enumerate(said) if x is not None]
+        if len(raised) == n:
+            return None
+        if not raised:
+            return Failure(case.label, check, f"the program ran without raising {kind.__name__}",
+                           expected=expected, got="no error", hint=layer.ERROR_HINT)
+        others = [g for g in range(n) if g not in raised]
+        return Failure(case.label, check,
+                       f"{_ranks(raised)} raised {kind.__name__} "
+                       f"({said[raised[0]][1]!r}), {_ranks(others)} did not: every "
+                       f"rank must raise it", expected=expected,
+                       got=f"{_ranks(others)} returned without an error", hint=hint)
+    err = failure.error
+    trace = getattr(err, "trace", None)
+    raised = sorted({s.rank for s in getattr(trace, "spans", ()) if s.path == RAISED_SPAN})
+    done = f"{_ranks(raised)} raised {kind.__name__} as required; " if raised else ""
+    if isinstance(err, DeadlockError):       # the ranks that raised left; the others wait
+        waiting = sorted(err.waiting)
+        return Failure(case.label, check,
+                       f"{done}{_ranks(waiting)} did not: every rank must raise it, but "
+                       f"{_ranks(waiting)} went on past the check and wait for ranks that left:\n"
+                       + "\n".join(f"  rank {r}: {w}" for r, w in sorted(err.waiting.items())),
+                       expected=expected, got=f"{_ranks(waiting)} raised nothing",
+                       hint=hint, error=err)
+    if isinstance(err, RankError):
+        failure.got = without_grader_frames(failure.got)
+        name = type(err.exc).__name__
+        if raised:
+            what = (f"{done}rank {err.rank} did not: every rank must raise it, but rank "
+                    f"{err.rank} went on past the check and failed there with {name}: "
+                    f"{str(err.exc)[:200]}")
+        elif isinstance(err.exc, kind):
+            what = (f"rank {err.rank} raised {name} ({str(err.exc)[:200]!r}), whose message "
+                    f"does not name {' and '.join(words)}")
+        else:
+            what = f"rank {err.rank} raised {name}, not {kind.__name__}: {str(err.exc)[:200]}"
+        return Failure(case.label, check, what, expected=expected, got=failure.got,
+                       hint=hint, error=err)
+    return failure
+
+
+def who(case, g):
+    t, mesh = case.info["t"], case.info["mesh"]
+    if mesh is None:
+        return f"rank {g}"
+    return f"rank {g} (rank {g % t} of its tp group, tp[{g // t}])"
+
+
+def _returned(result, case, layer):
+    t = case.info["t"]
+    for g, out in enumerate(result.outputs):
+        if not (isinstance(out, (list, tuple)) and out and isinstance(out[0], np.ndarray)):
+            return Failure(case.label, "returns (y, backward); backward returns (dx, grads)",
+                           f"{who(case, g)} returned nothing the grader can read",
+                           hint="Return (y, backward) from the function, (dx, grads) from "
+                                "backward.")
+        if out[0].size:
+            text = out[0].tobytes().decode(errors="replace")
+            return Failure(case.label, "returns (y, backward); backward returns (dx, grads)",
+                           f"{who(case, g)}: {text}", expected=layer.RETURNS,
+                           hint="Follow the signature in the exercise's first cell.")
+        want = case.info["groups"][g // t].outputs[g % t]
+        for (key, w), v in zip(want.items(), out[1:]):
+            name = _name(key)
+            failure = plain_array(case, f"{who(case, g)}'s {name}", v,
+                                  f"an array of shape {w.shape}")
+            if failure:
+                return failure
+            if v.shape != w.shape:
+                return Failure(case.label, "every output has its shape",
+                               f"{who(case, g)}: {name} has shape {v.shape}",
+                               expected=f"shape {w.shape}: {layer.SHAPES[key]}",
+                               got=f"shape {v.shape}", hint=layer.SHAPE_HINT)
+    return None
+
+
+def _name(key):
+    return key if key in ("y", "dx") else f'grads["{key}"]'
+
+
+def rel_error(got, want):
+    scale = np.abs(want).max(initial=0.0)
+    diff = np.abs(got - want).max(initial=0.0)
+    return diff / scale if scale > 0 else diff
+
+
+def close(got, want):
+    return (got.shape == want.shape and bool(np.all(np.isfinite(got)))
+            and rel_error(got, want) <= TOL)
+
+
+def _values(result, case, layer):
+    t = case.info["t"]
+    keys = list(case.info["groups"][0].outputs[0])
+    for i, key in enumerate(keys):
+        for g, out in enumerate(result.outputs):
+            d, r = divmod(g, t)
+            ex = case.info["groups"][d]
+            got, want = out[1 + i], ex.outputs[r][key]
+            if close(got, want):
+                continue
+            what, hint = _diagnose(ex, key, r, got, want, t, layer)
+            if not any(key in m.outputs and close(got, m.outputs[key][r]) for m in ex.mistakes):
+                # No known mistake's formula: do the messages say more? An AllReduce that
+                # averages; or a right AllReduce of a wrong operand (the local pass).
+                what, hint = (_averaging(result, case, key, d)
+                              or (None if what else
+                                  _right_allreduce_wrong_operand(result, case, layer, key, d))
+                              or (what, hint))
+            return Failure(
+                case.label, f"{_name(key)} equals the unsharded layer's",
+                f"{who(case, g)}: {_name(key)} differs from the unsharded ringlab.nn layer's "
+                f"{layer.BLOCKS[key]} (relative error {rel_error(got, want):.2g}, "
+                f"tolerance {TOL:g})"
+                + (f":\n{what}" if what else ""),
+                expected=numbers(want), got=numbers(got), hint=hint)
+    return None
+
+
+def _diagnose(ex, key, r, got, want, t, layer):
+    """(what, hint): the mistake whose formula gives exactly ``got``, else a relation."""
+    for m in ex.mistakes:
+        if key in m.outputs and close(got, m.outputs[key][r]):
+            return m.what, m.hint
+    if t > 1 and close(got, t * want):
+        return (f"it is t = {t} times the right value: summed over the ranks where it was "
+                f"already whole (reduced twice?)", layer.HINTS.get(key))
+    if t > 1 and close(got, want / t):
+        return (f"it is the right value divided by t = {t}: an AllReduce that averages "
+                f"(a mean), where the layer needs the sum?", layer.HINTS.get(key))
+    if not np.any(got):
+        return "it is all zeros", layer.HINTS.get(key)
+    for q, other in enumerate(ex.outputs):
+        if q != r and close(got, other[key]):
+            return (f"it is rank {q}'s block, not this rank's: rank r owns block r",
+                    layer.HINTS.get(key))
+    return "", layer.HINTS.get(key)
+
+
+def _wire(result, case):
+    """Every message a float64 array, before the values: an AllReduce in float32 makes
+    them wrong by about 1e-7, which no hint about the AllReduce explains."""
+    for e in result.trace:
+        pay = result.payload(e) if result.payloads is not None else None
+        if isinstance(pay, np.ndarray) and pay.dtype != np.float64:
+            return Failure(case.label, "messages carry float64",
+                           f"{who(case, e.src)} sent {who(case, e.dst)} a {pay.dtype} message "
+                           f"({pay.size} elements): it rounds the values on the way"
+                           + (f", to about {np.finfo(pay.dtype).eps:.0e} of their size"
+                              if pay.dtype.kind == "f" else ""),
+                           expected="float64 messages, like the layer's inputs",
+                           got=f"dtype {pay.dtype}", hint="All-reduce the float64 arrays as they "
+                           "are: no astype on the way (the grader compares to 1e-10).")
+    return None
+
+
+def _pass_events(result, case, key, d):
+    """The pass that makes ``key`` (y: forward, dx: backward), its name and group
+    ``d``'s messages in it: (name, Pass, events), or None."""
+    pname = {"y": "forward", "dx": "backward"}.get(key)
+    t = case.info["t"]
+    p = case.info["groups"][d].passes.get(pname)
+    if p is None:
+        return None
+    members = range(d * t, (d + 1) * t)
+    return pname, p, [e for e in result.trace if e.src in members and _pass_of(e) == pname]
+
+
+def _averaging(result, case, key, d):
+    """(what, hint) when a message of the pass that makes ``key`` holds partial sums
+    of its operand divided by t: the AllReduce averages. Else None."""
+    found, t = _pass_events(result, case, key, d), case.info["t"]
+    if found is None or found[1].allreduces != 1 or result.payloads is None:
+        return None
+    pname, p, events = found
+    lookup = _Lookup(p, t)
+    for e in events:
+        pay = result.payload(e)
+        if not (type(pay) is np.ndarray and pay.dtype == np.float64):
+            continue
+        mean = None if all(x is not None for x in lookup.read(pay)) else _averaged(p, t, pay)
+        if mean is not None:
+            return (f"your {pname}'s AllReduce averages: rank {e.src}'s message to rank "
+                    f"{e.dst} holds {mean}, divided by t = {t}: a mean of {p.operand}, where "
+                    f"the layer needs their sum", AVERAGE_HINT)
+    return None
+
+
+def _right_allreduce_wrong_operand(result, case, layer, key, d):
+    """(what, hint) when the pass that makes ``key`` (y: forward, dx: backward) did
+    its AllReduce right (every rank of group ``d`` ends with the same value, and
+    the pass moved exactly one AllReduce's bytes) but a rank's first message,
+    sent before it received anything, is not its own part of the operand: the
+    local computation before the AllReduce is wrong, not the AllReduce (whose
+    mistakes, a chunk in the wrong slot, show only in later messages). Else None."""
+    found, t = _pass_events(result, case, key, d), case.info["t"]
+    local = getattr(layer, "LOCAL", {}).get(key)
+    if found is None or local is None:
+        return None
+    pname, p, events = found
+    if t == 1:
+        return (f"with t = 1 nothing is communicated: your {pname} itself computes it wrong",
+                local)
+    if p.allreduces != 1:
+        return None
+    members = range(d * t, (d + 1) * t)
+    i = list(case.info["groups"][d].outputs[0]).index(key)
+    values = [result.outputs[g][1 + i] for g in members]
+    n = p.alternatives[0][0].size
+    want_bytes = 2 * (t - 1) * n * 8
+    if (sum(e.nbytes for e in events) != want_bytes or result.payloads is None
+            or not all(close(v, values[0]) for v in values[1:])):
+        return None
+    lookup = _Lookup(p, t)
+    for r, g in enumerate(members):
+        # A rank's first message, sent before it received anything in the pass, can hold
+        # only its own operand: if it does not, the operand is wrong, not the AllReduce.
+        sent = [e for e in events if e.src == g]
+        got = [e.step for e in events if e.dst == g]
+        if not sent:
+            continue
+        e = min(sent, key=lambda e: e.step)
+        pay = result.payload(e)
+        if got and e.step > min(got) or not (type(pay) is np.ndarray
+                                             and pay.dtype == np.float64):
+            continue
+        if any(x is None or x[0] != SUM or x[1] != (r,) for x in lookup.read(pay)):
+            return (f"the AllReduce is right (every rank ends with the same {_name(key)}, and "
+                    f"your {pname} moved exactly one AllReduce's {want_bytes} bytes), but what "
+                    f"it sums is not {p.operand}: rank {e.src}'s first message, sent before "
+                    f"it received anything, holds values that are not its part of it. The "
+                    f"local {pname} before the AllReduce is wrong.", local)
+    return None
+
+
+# --------------------------------------------------------------------- messages
+
+AVERAGE_HINT = ("AllReduce with a sum and divide by nothing: tensor parallelism adds the "
+                "ranks' parts; a mean (sum / t) is data parallelism's, and multiplying it "
+                "back by t only hides it.")
+SUM, RAW, RESUM = 0, 1, 2      # what an element of a message is (lower: preferred match)
+
+
+class _Lookup:
+    """Every value a message of one pass may hold, sorted, to read payloads element by element."""
+
+    def __init__(self, p, t):
+        vals, kinds, info, where = [], [], [], []
+
+        def add(arr, kind, what):
+            a = np.asarray(arr, dtype=np.float64).ravel()
+            vals.append(a)
+            kinds.append(np.full(a.size, kind))
+            info.extend([what] * a.size)
+            where.append(np.arange(a.size) if kind == SUM else np.full(a.size, -1))
+
+        for alt in p.alternatives:
+            for mask in range(1, 2 ** t):
+                members = tuple(r for r in range(t) if mask >> r & 1)
+                add(sum(alt[r] for r in members), SUM, members)
+            total = sum(alt)
+            for k in range(2, t + 1):     # sums of an already reduced value: a second AllReduce
+                add(k * total, RESUM, k)
+        for label, (arrays, _, _) in p.raw.items():
+            for r, a in enumerate(arrays):
+                add(a, RAW, (label, r))
+        self.vals = np.concatenate(vals) if vals else np.zeros(0)
+        self.kinds = np.concatenate(kinds) if kinds else np.zeros(0, int)
+        self.info = info
+        self.where = np.concatenate(where) if where else np.zeros(0, int)   # element of a SUM
+        self.order = np.argsort(self.vals, kind="stable")
+        self.sorted = self.vals[self.order]
+        scale = np.abs(self.vals).max(initial=0.0)
+        self.tol = 1e-11 * scale if scale > 0 else 1e-300
+
+    def read(self, payload):
+        """For each element: (kind, info, element of the operand) of the best match, or None."""
+        v = np.asarray(payload, dtype=np.float64).ravel()
+        lo = np.searchsorted(self.sorted, v - self.tol, "left")
+        hi = np.searchsorted(self.sorted, v + self.tol, "right")
+        out = []
+        for a, b in zip(lo, hi):
+            if a >= b:
+                out.append(None)
+                continue
+            idx = self.order[a:b]
+            best = idx[np.argmin(self.kinds[idx])]
+            out.append((int(self.kinds[best]), self.info[best], int(self.where[best])))
+        return out
+
+
+def _pass_of(event):
+    top = event.span.split("/")[0]
+    return next((name for name, span in PASSES.items() if top == span), None)
+
+
+def _messages(result, case, layer):
+    t, mesh = case.info["t"], case.info["mesh"]
+    for e in result.trace:
+        if _pass_of(e) is None:
+            return Failure(case.label, "messages only in forward and backward",
+                           f"rank {e.src} sent rank {e.dst} a message outside the layer's forward "
+                           f"and backward (span {e.span!r})",
+                           hint="Communicate only inside the function and inside backward.")
+    for d, ex in enumerate(case.info["groups"]):
+        members = list(range(d * t, (d + 1) * t))
+        label = None if mesh is None else f"tp[{d}]"
+        for pname, p in ex.passes.items():
+            events = [e for e in result.trace if e.src in members and _pass_of(e) == pname]
+            failure = (_group(events, case, label, members) or
+                       _pass(result, case, events, pname, p, t, layer, members[0]))
+            if failure:
+                return failure
+    return None
+
+
+def _group(events, case, label, members):
+    # By ranks, not by the group's name: a group the learner made of some or all of
+    # the tp group's ranks still keeps the layer's messages inside the tp group.
+    for e in events:
+        if e.dst not in members:
+            return Failure(case.label, "messages stay in the tensor-parallel group",
+                           f"{who(case, e.src)} sent {who(case, e.dst)} a message in group "
+                           f"{e.group or 'the world'}",
+                           expected=f"every message of the layer in comm, the tp group "
+                                    f"({label or 'the world'}: ranks {members[0]}-{members[-1]})",
+                           got=e.describe(),
+                           hint="Use only the comm you are given: it is the tensor-parallel group "
+                                "(ranks are numbered 0..t-1 in it).")
+    return None
+
+
+def _pass(result, case, events, pname, p, t, layer, first):
+    got_bytes = sum(e.nbytes for e in events)
+    if p.allreduces == 0 and events:
+        e = events[0]
+        carried = _describe(result, e, p, t)
+        return Failure(case.label, f"{pname} communication",
+                       f"your {pname} sends {len(events)} message(s), {got_bytes} bytes in all; "
+                       f"{layer.NO_COMM[pname]}",
+                       expected="no message in " + pname,
+                       got=f"first: rank {e.src} -> rank {e.dst}, {e.nbytes // 8} elements"
+                           + (f": {carried}" if carried else ""),
+                       hint=p.hint)
+    if p.allreduces == 0:
+        return None
+    lookup = _Lookup(p, t)
+    n = p.alternatives[0][0].size
+    want_bytes = 2 * (t - 1) * n * 8
+    heard = np.zeros((t, t, n), dtype=bool)    # [r, q, i]: rank r got rank q's part of element i
+    for e in events:
+        pay = result.payload(e) if result.payloads is not None else None
+        if pay is None:
+            continue
+        if not (type(pay) is np.ndarray and pay.dtype == np.float64):
+            return _not_operand(case, pname, p, e, pay, f"an array of dtype "
+                                f"{getattr(pay, 'dtype', type(pay).__name__)}")
+        read = lookup.read(pay)
+        if any(x is None for x in read):
+            mean = _averaged(p, t, pay)
+            if mean is not None:
+                return Failure(case.label, f"{pname} communication",
+                               f"your {pname}'s AllReduce averages: rank {e.src}'s message to "
+                               f"rank {e.dst} holds {mean}, divided by t = {t}: a mean of "
+                               f"{p.operand}, where the layer needs their sum",
+                               expected=f"one AllReduce that sums {p.operand} (op SUM): "
+                                        f"partial sums, undivided",
+                               got=f"{pay.size} values: {numbers(pay)}",
+                               hint=AVERAGE_HINT)
+            bad = pay.ravel()[[i for i, x in enumerate(read) if x is None]]
+            held = "zeros" if not np.any(bad) else f"{bad.size} value(s) that are not"
+            return _not_operand(case, pname, p, e, pay, held)
+        raw = next((x[1] for x in read if x[0] == RAW), None)
+        if raw is not None:
+            arrays, words, hint = p.raw[raw[0]]
+            per = arrays[raw[1]].size
+            return Failure(case.label, f"{pname} communication",
+                           f"your {pname} sends {words} (rank {e.src} -> rank {e.dst}, {pay.size} "
+                           f"of rank {raw[1]}'s {per} elements): {hint}",
+                           expected=f"one AllReduce of {p.operand}: {want_bytes} bytes in the "
+                                    f"group, partial sums of it and nothing else",
+                           got=f"{got_bytes} bytes, {len(events)} message(s); this one holds "
+                               f"{numbers(pay)}",
+                           hint=p.hint)
+        if any(x[0] == RESUM for x in read):
+            return Failure(case.label, f"{pname} communication",
+                           f"your {pname} all-reduces {p.operand} twice: rank {e.src}'s message "
+                           f"to rank {e.dst} sums values that are already the total over the "
+                           f"{t} ranks",
+                           expected=f"one AllReduce: {want_bytes} bytes in the group",
+                           got=f"{got_bytes} bytes", hint=p.hint)
+        for _, members, i in read:
+            heard[e.dst - first, list(members), i] = True
+    if got_bytes != want_bytes:
+        times = got_bytes / want_bytes if want_bytes else float("inf")
+        if got_bytes == 0:
+            what = f"your {pname} has no AllReduce of {p.operand}"
+        elif times == int(times):
+            what = (f"your {pname} moves {int(times)}x the bytes of one AllReduce of "
+                    f"{p.operand}: {int(times)} AllReduces of it?")
+        elif times > 1:
+            what = (f"your {pname} moves {ratio(got_bytes, want_bytes)}x the bytes of one "
+                    f"bandwidth-optimal AllReduce of {p.operand} (every rank sending its "
+                    f"whole part to every other rank?)")
+        else:
+            what = (f"your {pname} moves only {ratio(got_bytes, want_bytes)}x the bytes of "
+                    f"one AllReduce of {p.operand}: part of it (a ReduceScatter without its "
+                    f"AllGather?)")
+        return Failure(case.label, f"{pname} communication", what,
+                       expected=f"{want_bytes} bytes in the group: one AllReduce of {n} elements "
+                                f"on t = {t} ranks moves 2(t-1) x {n} x 8 bytes (ring_allreduce)",
+                       got=f"{got_bytes} bytes in {len(events)} message(s)", hint=p.hint)
+    return _heard_all(case, pname, p, t, heard, first)
+
+
+def _averaged(p, t, pay):
+    """Words for a message whose every element is a partial sum of the pass's operand
+    divided by t (an averaging AllReduce's), or None."""
+    if t < 2:
+        return None
+    scaled = Pass(p.allreduces, p.operand, [[a / t for a in alt] for alt in p.alternatives])
+    read = _Lookup(scaled, t).read(pay)
+    if not read or any(x is None or x[0] != SUM for x in read):
+        return None
+    widest = max(len(x[1]) for x in read)
+    return ("the sum over all the ranks" if widest == t
+            else f"partial sums over {widest} rank(s)")
+
+
+def _heard_all(case, pname, p, t, heard, first):
+    """Every rank's messages must bring it every other rank's part of every element: an
+    AllReduce's result travels in its messages. Right-looking messages of the right volume
+    whose sum reached the ranks some other way (shared Python memory) fail here."""
+    for r in range(t):
+        heard[r, r] = True
+        missing = np.argwhere(~heard[r])
+        if missing.size:
+            q, i = missing[0]
+            return Failure(case.label, f"{pname} communication",
+                           f"{who(case, first + r)} returns the sum, but no message it received "
+                           f"holds rank {q}'s part of element {i} of {p.operand}: the sum did "
+                           f"not come through the messages",
+                           expected=f"every rank receives, in partial sums, every other rank's "
+                                    f"part of every element (what an AllReduce does)",
+                           got=f"{int((~heard[r]).sum())} (rank, element) parts never received "
+                               f"by rank {r}",
+                           hint=p.hint + " The grader reads every message: data shared some "
+                                         "other way does not pass.")
+    return None
+
+
+def _describe(result, e, p, t):
+    """Words for what a message holds, when it holds known data; else ''."""
+    pay = result.payload(e) if result.payloads is not None else None
+    if not (type(pay) is np.ndarray and pay.dtype == np.float64 and pay.size):
+        return ""
+    read = _Lookup(p, t).read(pay)
+    if all(x is not None and x[0] == RAW for x in read):
+        return p.raw[read[0][1][0]][1]
+    return ""
+
+
+def _not_operand(case, pname, p, e, pay, held):
+    return Failure(case.label, f"{pname} communication",
+                   f"in your {pname}, rank {e.src} sent rank {e.dst} {held}"
+                   + ("" if held == "zeros" or held.startswith("an array") else
+                      f" {p.operand}, nor a partial sum of it over some of the ranks"),
+                   expected=f"pieces of {p.operand}, summed over some of the ranks, as float64 "
+                            f"(what every AllReduce algorithm sends)",
+                   got=numbers(pay) if isinstance(pay, np.ndarray) else repr(pay)[:100],
+                   hint=p.hint + " The grader reads every message: zeros or stand-ins sent for "
+                                 "show, with the data shared some other way, do not pass.")
+
+
+def columns_of(got, full, axis=-1):
+    """Which slices of ``full`` along ``axis`` the slices of ``got`` are, or None."""
+    got, full = np.moveaxis(got, axis, 0), np.moveaxis(full, axis, 0)
+    found = []
+    for piece in got:
+        match = [j for j, f in enumerate(full) if f.shape == piece.shape and close(piece, f)]
+        if not match:
+            return None
+        found.append(match[0])
+    return found
+
+
+# -- the two linear-layer graders share their problem: ``Linear(d_in, d_out)`` ------------
+def describe_linear(dims):
+    b, s, di, do = dims
+    return f"x (b={b}, s={s}, d_in={di}), weight ({di}, {do})"
+
+
+def linear_weights(rng, dims):
+    _, _, di, do = dims
+    lin = Linear(di, do, rng)
+    return lin.params["weight"], lin.params["bias"]
+
+
+def run_linear(w, rng, dims):
+    """Random x and dy for ``dims = (b, s, d_in, d_out)``, and the unsharded
+    layer's answers: ``(x, dy, y, dx, grads)``."""
+    b, s, di, do = dims
+    x, dy = rng.standard_normal((b, s, di)), rng.standard_normal((b, s, do))
+    lin = Linear(di, do, rng)
+    lin.params["weight"][...], lin.params["bias"][...] = w
+    y = lin.forward(x)
+    dx = lin.backward(dy)
+    return x, dy, y, dx, lin.grads

@@ -1,0 +1,187 @@
+"""Grader for exercise ``megatron_mlp``: the transformer MLP split by hidden units.
+
+Signature: ``megatron_mlp(comm, x, fc_weight, fc_bias, proj_weight, proj_bias)
+-> (y, backward)``, y = GeLU(x @ fc_weight + fc_bias) @ proj_weight + proj_bias
+(GeLU's tanh approximation, ``ringlab.nn.GeLU()``). x (b, s, h) is the same on
+every rank; the weights are whole and rank r owns hidden units block r: those
+columns of fc and rows of proj. y (b, s, h) whole on every rank;
+``backward(dy)``, dy (b, s, h) the same on every rank, returns dx (b, s, h)
+whole and ``{"fc.weight", "fc.bias", "proj.weight", "proj.bias"}``, this
+rank's blocks (proj.bias whole). Exactly one AllReduce forward (g) and one
+backward (f), each of b*s*h elements.
+
+Checks (see ``common.py``), t = 1 to 4, b and s not multiples of t, tp groups
+of 2x2 and 2x3 meshes: it runs; shapes; values equal ``ringlab.nn.MLP``'s
+(relative error 1e-10), with the usual mistakes diagnosed (no AllReduce in a
+pass, f and g swapped, the bias counted t times, GeLU applied to partial sums,
+the exact GeLU, hidden units not block r); the messages of each pass are
+partial sums of the ranks' partial products and add up to one AllReduce;
+shipping hidden activations or their gradients instead fails.
+"""
+
+import sys
+
+import numpy as np
+
+from . import _common as common
+from ._common import Expected, Mistake, Pass, block, with_bias
+from ...nn import MLP, GeLU
+
+NAME = "megatron_mlp"
+# ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
+USES = ("collectives",)
+GRADS = ("fc.weight", "fc.bias", "proj.weight", "proj.bias")
+CASES = [(2, None, (3, 5, 4, 8)), (1, None, (2, 3, 4, 8)), (3, None, (2, 5, 6, 12)),
+         (4, None, (3, 5, 6, 16)), (2, (2, 2), (3, 3, 4, 10)), (3, (2, 3), (2, 4, 5, 9)),
+         (4, None, (5, 2, 8, 24))]
+RETURNS = ("megatron_mlp(comm, x, fc_weight, fc_bias, proj_weight, proj_bias) -> (y, backward); "
+           "backward(dy) -> (dx, {'fc.weight', 'fc.bias', 'proj.weight', 'proj.bias'})")
+SHAPES = {"y": "(b, s, h): the whole Y on every rank", "dx": "(b, s, h): the whole dX",
+          "fc.weight": "(h, H4/t): this rank's columns of fc", "fc.bias": "(H4/t,)",
+          "proj.weight": "(H4/t, h): this rank's rows of proj", "proj.bias": "(h,): the whole db"}
+SHAPE_HINT = ("Rank r owns hidden units r*H4/t .. (r+1)*H4/t - 1: fc_weight[:, hid], "
+              "fc_bias[hid], proj_weight[hid, :], and the whole proj_bias.")
+BLOCKS = {"y": "whole Y", "dx": "whole dX", "fc.weight": "columns of fc's dW (this rank's)",
+          "fc.bias": "part of fc's db (this rank's)", "proj.weight": "rows of proj's dW "
+          "(this rank's)", "proj.bias": "whole proj db"}
+NO_COMM = {}
+G_HINT = ("fc is column-parallel and proj row-parallel: rank r computes GeLU(x A_r + a_r) B_r, a "
+          "partial sum of Y. AllReduce it once (Megatron's g), then add proj_bias once.")
+F_HINT = ("Backward, rank r's dX is only the part that flows through its hidden units: "
+          "AllReduce it once (Megatron's f).")
+HINTS = {"y": G_HINT, "dx": F_HINT,
+         "fc.weight": "fc's dW_r = x^T dU_r, dU_r the gradient of your hidden "
+                      "pre-activations: local.",
+         "fc.bias": "fc's db_r = dU_r summed over batch and sequence: local.",
+         "proj.weight": "proj's dW_r = GeLU(U_r)^T dY over all b*s rows: local.",
+         "proj.bias": "proj's db = dY summed over batch and sequence, on every rank: no AllReduce."}
+# A wrong value made before a right AllReduce: the local part of the pass.
+LOCAL = {"y": "Forward on rank r: GeLU(x @ A_r + a_r) @ B_r, with ringlab.nn's GeLU (tanh "
+              "form), then the AllReduce, then proj_bias once.",
+         "dx": "Backward on rank r, in reverse: dH = dY @ B_r^T, dU = dH * GeLU'(U) (GeLU's "
+               "derivative at its input U = x A_r + a_r: GeLU.backward), dX_r = dU @ A_r^T; "
+               "then the AllReduce."}
+ERROR_HINT = None
+
+
+def describe(dims):
+    b, s, h, h4 = dims
+    return f"x (b={b}, s={s}, h={h}), hidden H4={h4}"
+
+
+def weights(rng, dims):
+    mlp = MLP(dims[2], dims[3], rng)
+    return tuple(mlp.named_parameters()[n] for n in GRADS)
+
+
+def _mlp(w, rng, dims):
+    mlp = MLP(dims[2], dims[3], rng)
+    for name, v in zip(GRADS, w):
+        mlp.named_parameters()[name][...] = v
+    return mlp
+
+
+def _forward(x, A, a, B, approximate="tanh"):
+    act = GeLU(approximate)
+    u = x @ A + a
+    return act, u, act.forward(u), act.forward(u) @ B
+
+
+def group(w, rng, dims, t):
+    b, s, h, h4 = dims
+    A, a, B, c = w
+    x, dy = rng.standard_normal((b, s, h)), rng.standard_normal((b, s, h))
+    mlp = _mlp(w, rng, dims)
+    y, dx = mlp.forward(x), None
+    dx = mlp.backward(dy)
+    full = mlp.named_grads()
+    hid = [block(h4, t, r) for r in range(t)]
+    outputs = [{"y": y, "dx": dx, "fc.weight": full["fc.weight"][:, k],
+                "fc.bias": full["fc.bias"][k],
+                "proj.weight": full["proj.weight"][k], "proj.bias": full["proj.bias"]} for k in hid]
+    parts, hs, us, dus, partial_dx = [], [], [], [], []
+    for k in hid:
+        act, u, hk, p = _forward(x, A[:, k], a[k], B[k])
+        du = act.backward(dy @ B[k].T)
+        parts.append(p), hs.append(hk), us.append(u), dus.append(du)
+        partial_dx.append(du @ A[:, k].T)
+    n = b * s * h
+    gather = ("an AllGather of the hidden activations, so that every rank multiplies all of "
+              "them by the whole proj weight; the Megatron MLP sums partial products with one "
+              "AllReduce (g)")
+    passes = {
+        "forward": Pass(1, f"the partial products GeLU(x A_r + a_r) B_r ({n} elements)",
+                        with_bias(parts, c, t),
+                        raw={"H": (hs, "your hidden activations GeLU(x A_r + a_r)", gather),
+                             "U": (us, "your hidden pre-activations x A_r + a_r", gather),
+                             "X": ([x], "X", "X is the same on every rank: nothing to send")},
+                        hint=G_HINT),
+        "backward": Pass(1, f"the partial dX (dU_r A_r^T, {n} elements)", [partial_dx],
+                         raw={"dU": (dus, "the gradient of your hidden units",
+                                     "an AllGather of the hidden units' gradients, so that every "
+                                     "rank multiplies them by the whole fc weight; backward sums "
+                                     "the partial dX with one AllReduce (f)"),
+                              "dY": ([dy], "dY", "dY is the same on every rank: nothing to send")},
+                         hint=F_HINT)}
+    total = sum(parts)
+    rows = np.array_split(np.arange(h), t)
+    mistakes = [
+        Mistake({"y": [total + t * c] * t},
+                "the bias was added on every rank before the AllReduce: it counts t times",
+                "Add proj_bias after the AllReduce (or on one rank only before it): once."),
+        Mistake({"y": [p + c for p in parts]},
+                "your Y is only your hidden units' contribution: no AllReduce in forward (g)",
+                G_HINT),
+        Mistake({"dx": partial_dx},
+                "your dX is only your shard's contribution: no AllReduce in backward (f)", F_HINT),
+        Mistake({"dx": [t * p for p in partial_dx]},
+                "your backward all-reduced dY (which every rank already has: t x dY) and not dX: "
+                "f and g swapped?",
+                "f: identity forward, AllReduce of dX backward; g: AllReduce of Y forward, "
+                "identity backward."),
+        Mistake({"y": [_forward(t * x, A[:, k], a[k], B[k])[3] + c for k in hid]},
+                "your forward all-reduced X, which every rank already has, and not the output: "
+                "f and g swapped?",
+                "f: identity forward, AllReduce of dX backward; g: AllReduce of Y forward, "
+                "identity backward."),
+        Mistake({"y": [t * total + c] * t},
+                "Y all-reduced twice: the result is t times the sum", G_HINT),
+        Mistake({"dx": [t * dx] * t},
+                "dX all-reduced twice: the result is t times the sum", F_HINT),
+        Mistake({"y": [sum(_forward(x, A[:, k], a[k], B[k], "none")[3] for k in hid) + c] * t},
+                "you used the exact (erf) GeLU; the exercise uses the tanh approximation",
+                "Use ringlab.nn.GeLU() (approximate='tanh'), as ringlab.nn.MLP does."),
+    ]
+    for bias_on in ("every", "first"):
+        y_bad = sum(_forward(x[..., rw], A[rw], a if bias_on == "every" or r == 0 else 0, B)[3]
+                    for r, rw in enumerate(rows)) + c
+        mistakes.append(Mistake(
+            {"y": [y_bad] * t},
+            "GeLU applied to partial sums before the reduce: you split fc by its input rows, so "
+            "each rank holds a partial sum of x A, and GeLU(a + b) != GeLU(a) + GeLU(b)",
+            "Split fc by its output columns (hidden units): each rank then holds complete hidden "
+            "pre-activations, GeLU applies exactly, and only proj's output needs the AllReduce."))
+    strided = [np.arange(r, h4, t) for r in range(t)]
+    mistakes.append(Mistake(
+        {"fc.weight": [full["fc.weight"][:, k] for k in strided],
+         "fc.bias": [full["fc.bias"][k] for k in strided],
+         "proj.weight": [full["proj.weight"][k] for k in strided]},
+        "your gradients are those of every t-th hidden unit (r::t), not of block r",
+        "Rank r owns the contiguous hidden units r*H4/t .. (r+1)*H4/t - 1 (Megatron's "
+        "convention)."))
+    inputs = [[[x, A, a, B, c], dy] for _ in range(t)]
+    return Expected(inputs, outputs, passes, mistakes)
+
+
+def owned(dims, t, r):
+    """Rank r's part of each weight argument: {argument: (axis, indices)}."""
+    hid = block(dims[3], t, r)
+    return {1: (1, hid), 2: (0, hid), 3: (0, hid)}
+
+
+def cases(rng):
+    return common.make_cases(rng, sys.modules[__name__], CASES)
+
+
+def check(program, case, backend="sim"):
+    return common.check(program, case, backend, sys.modules[__name__])

@@ -1,0 +1,256 @@
+"""Grader for exercise ``zero1_step``: one ZeRO-1 step (optimizer states sharded).
+
+Signature: ``zero1_step(comm, model, opt, x, y, batch_size, loss_fn=mse)``.
+``model``: this rank's full replica (``mlp_model``); ``opt``: ``Adam`` over
+this rank's shard of the master weights, ``opt.params["param"]``, a copy of
+shard r of the flat parameters zero-padded at the end to a multiple of N (as
+``ringlab.zero.sharding.master_shard`` makes it); ``(x, y)``: this rank's
+part of a global batch of ``batch_size`` rows. The step: backward, a
+ReduceScatter of the flat padded gradient weighted by len(x) / batch_size,
+``opt.step`` on the shard, an AllGather of the updated shards into the model.
+
+The grader trains hidden models (parameter counts that do not divide by N)
+for 3 steps with world sizes 1 to 8 and unequal batch shards, and checks:
+
+1. it runs (no exception, deadlock or hang; a shape error names the padding);
+2. the state it was handed: ``opt`` still updates the same shard array, of
+   shard size, and was stepped once per step (Adam's m and v stay shard-sized);
+3. the parameters are identical on every rank and equal data-parallel Adam
+   (float64, |diff| <= 1e-10); a wrong result is diagnosed (no AllGather,
+   equal weights, summed, averaged twice, padding at the front);
+4. the messages (recorded payloads): each is either a ring partial sum of the
+   ranks' weighted gradients or one rank's shard of the UPDATED parameters,
+   one padded chunk (Ψ_padded / N values) each;
+5. the collectives they add up to, per step and rank: one ReduceScatter
+   (N-1 messages) then one AllGather (N-1 messages), nothing else: no
+   AllReduce, no AllGather of gradients;
+6. real memory, in the cases that say so (see ``memory.py``: measured with
+   tracemalloc per rank, never reported by the program): after each step the
+   rank keeps no more than it was handed (a full master copy or full Adam
+   moments kept between steps fail), and its peak during the step stays
+   within a few flat copies of the model.
+
+Why measure and not trust ``comm.alloc``: a program that keeps the whole
+optimizer state on every rank would simply not report it. Why also check the
+objects: they say *which* object is wrong, and work for every case.
+"""
+
+import functools
+
+import numpy as np
+
+from ..kit.report import Failure
+
+from ..kit.running import run_case
+from ..kit.driver import callable_learner
+from . import _common as C
+from ._measured import measured_steps, resident_loaded, resident_marks
+from ...nn import Adam, FlatBuffer, flatten, mlp_model
+
+NAME = "zero1_step"
+# Part 1's collectives are the tools; ringlab.zero holds the answers.
+USES = ("collectives", "sync_sgd_step")
+STATE = "the state you were handed stays ZeRO-1's"
+
+
+def cases(rng):
+    # (world size, global batch, hidden width, memory measured)
+    for n, batch, measure in ((4, 10, False), (3, 7, False), (1, 5, False), (2, 5, False),
+                              (8, 12, False), (5, 9, False), (4, 9, True)):
+        if measure:
+            # Large enough (11 MB) that a full copy kept is plain in the process's
+            # resident memory too, which ringlab grade reads from outside (memory.py).
+            sizes = [400, 1000, 1000, int(rng.integers(5, 8))]
+        else:
+            sizes = [int(rng.integers(3, 6)), int(rng.integers(n + 4, n + 9)),
+                     int(rng.integers(2, 4))]
+        names = C.names_of(sizes)
+        yield C.make_case(rng, n, batch, sizes, [names], measure=measure,
+                          label=", memory measured" if measure else "")
+
+
+def _train(comm, steps, spec, learner):
+    """What every rank runs: a replica, Adam over its master shard, the learner's steps."""
+    learner = callable_learner(learner)
+    n, r = comm.world_size, comm.rank
+    model = mlp_model(spec["sizes"], np.random.default_rng(spec["seed"]))
+    master = FlatBuffer(model.named_parameters(), pad_to=n).shard(r, n).copy()
+    opt = Adam(master, spec["lr"])
+    shapes = {k: v.shape for k, v in model.named_parameters().items()}
+    bad, memory = measured_steps(
+        comm, spec, 8 * sum(v.size for v in model.named_parameters().values()), steps,
+        lambda c, x, y, batch: learner(c, model, opt, x, y, batch),
+        lambda t: shard_state(opt, master, t, r) or model_state(model, shapes, r))
+    if bad:
+        return bad
+    return [np.zeros(0), flatten(model.named_parameters()).data.copy(), master.copy(), memory]
+
+
+def shard_state(opt, master, t, r):
+    """The handed optimizer still owns exactly this rank's shard, stepped t + 1 times."""
+    params = getattr(opt, "params", None)
+    if not (isinstance(params, dict) and params.get("param") is master):
+        return C.report_problem(
+            STATE, f"after step {t + 1}, rank {r}'s optimizer no longer updates the master "
+                   f"shard it was given (opt.params['param'] was replaced)",
+            "Keep opt as it is: it owns your shard of the master weights. Update it with "
+            "opt.step(gradient_shard); a bigger array in its place (a view into a full "
+            "copy) keeps the whole master on every rank.")
+    state = opt.state.get("param", {}) if isinstance(getattr(opt, "state", None), dict) else {}
+    for k in ("m", "v"):
+        a = state.get(k)
+        if not (isinstance(a, np.ndarray) and a.shape == master.shape):
+            return C.report_problem(
+                STATE, f"after step {t + 1}, rank {r}'s Adam {k} has shape "
+                       f"{getattr(a, 'shape', None)}, not the shard's {master.shape}",
+                "Adam's moments cover your shard only: call opt.step with the gradient "
+                "shard the ReduceScatter gave you.")
+    if master.shape != (master.size,) or state.get("step") != t + 1:
+        return C.report_problem(
+            STATE, f"rank {r}'s optimizer was stepped {state.get('step')} time(s) in "
+                   f"{t + 1} training step(s)",
+            "Call opt.step(gradient_shard) exactly once per step. The optimizer you are "
+            "handed holds your shard's master weights and Adam's m and v: Adam on the "
+            "whole model on every rank is data parallelism, not ZeRO.")
+    return None
+
+
+def model_state(model, shapes, r):
+    params = model.named_parameters()
+    for k, shape in shapes.items():
+        p = params.get(k)
+        if not (type(p) is np.ndarray and p.shape == shape and p.dtype == np.float64):
+            return C.report_problem(
+                STATE, f"rank {r}'s parameter {k!r} is {type(p).__name__} "
+                       f"{getattr(p, 'shape', '')}, not a float64 array of shape {shape}",
+                "Copy the gathered parameters into the model's arrays in place "
+                "(p[...] = ...), in named_parameters() order.")
+    return None
+
+
+def check(program, case, backend="sim"):
+    result, failure = C.run_measured(functools.partial(_train, learner=program), case, backend)
+    if failure:
+        return explain_error(failure)
+    return (C.read_outputs(result, case) or same_on_every_rank(result, case)
+            or C.compare_params(case, result.outputs[0][1], "rank 0")
+            or master_shards(result, case) or collectives(result, case)
+            or memory(result, case, backend))
+
+
+def explain_error(failure):
+    text = f"{failure.what}\n{failure.got or ''}"
+    if "could not be broadcast" in text or "shape" in text and "(" in text:
+        failure.hint = ("Shapes disagree: the flat gradient must be padded with zeros at the "
+                        "end to a multiple of N (flatten(grads, pad_to=N)), so that the "
+                        "ReduceScatter's chunk r has exactly the size of your master shard. "
+                        + (failure.hint or ""))
+    return failure
+
+
+def same_on_every_rank(result, case):
+    outs = result.outputs
+    for r in range(1, case.world_size):
+        if not np.array_equal(outs[r][1], outs[0][1]):
+            n = case.world_size
+            half = len(result.trace) == C.STEPS * n * (n - 1) * len(case.info["pads"])
+            return Failure(
+                case.label, "parameters are identical on every rank",
+                f"after {C.STEPS} steps rank {r}'s parameters differ from rank 0's "
+                f"(largest difference {np.abs(outs[r][1] - outs[0][1]).max():.3g})"
+                + (f": each rank sent only N-1 = {n - 1} message(s) per step and shard, a "
+                   f"ReduceScatter's, and no AllGather" if half else ""),
+                expected=f"every rank's model holds all {n} updated shards",
+                hint="After opt.step, AllGather the updated shards (ring_allgather(comm, "
+                     "master)) and copy the result into the model on every rank.")
+    return None
+
+
+def master_shards(result, case):
+    n, want = case.world_size, case.info["ref"][-1]["after"][0]
+    size = len(want) // n
+    for r, out in enumerate(result.outputs):
+        if not np.allclose(out[2], want[r * size:(r + 1) * size], rtol=0, atol=C.TOL):
+            return Failure(case.label, "parameters equal data-parallel Adam",
+                           f"rank {r}'s master shard (opt.params['param']) is not shard {r} "
+                           f"of the updated parameters",
+                           hint="opt.step(gradient_shard) updates the master shard in place; "
+                                "the AllGather then sends it.")
+    return None
+
+
+def collectives(result, case):
+    n = case.world_size
+    if n == 1:
+        return None if len(result.trace) == 0 else Failure(
+            case.label, "collectives: which, how many, what size",
+            f"world_size=1, yet {len(result.trace)} message(s) were sent")
+    labelled, failure = C.label_messages(result, case, "after")
+    if failure:
+        return failure
+    expected = {(k, 0, t): 1 for t in range(C.STEPS) for k in ("RS", "AG")}
+    what = (lambda k, s: "the weighted gradients" if k == "RS"
+            else "updated parameter shards")
+    failure = C.count_failure(case, labelled, expected, what)
+    if failure:
+        return failure
+    size = case.info["pads"][0] // n
+    for r in range(n):
+        order = [label for label, _, _ in C.calls_of(labelled.get(r, []), n)]
+        want = [(k, 0, t) for t in range(C.STEPS) for k in ("RS", "AG")]
+        if order != want:
+            return Failure(case.label, "collectives: which, how many, what size",
+                           f"rank {r} ran {_names(order)}",
+                           expected=f"per step a ReduceScatter then an AllGather, each "
+                                    f"N-1 = {n - 1} messages of {size * 8} bytes: "
+                                    f"{_names(want)}",
+                           hint="Gradients first (ReduceScatter), then Adam on your shard, "
+                                "then the parameters (AllGather).")
+    return None
+
+
+def _names(calls):
+    return ", ".join(f"{'ReduceScatter' if k == 'RS' else 'AllGather'}(step {t + 1})"
+                     for k, _, t in calls)
+
+
+# Bounds, in flat copies of the padded model (8 bytes x Ψ_padded): what a rank may
+# hold at its peak above what it held when the step began, and what it may keep.
+PEAK_COPIES, KEEP_COPIES, SLACK = 6.0, 0.25, 32 * 1024
+
+
+def memory(result, case, backend, peak_copies=PEAK_COPIES, keep_copies=KEEP_COPIES,
+           stage="ZeRO-1", keeps="the model's own parameters and gradients and the "
+                                 "optimizer's shard"):
+    info, n = case.info, case.world_size
+    if not info["measure"] or backend != "sim":
+        return None
+    full = 8 * sum(info["pads"])
+    for r, out in enumerate(result.outputs):
+        for t, (peak, kept) in enumerate(out[3]):
+            if kept > keep_copies * full + SLACK:
+                return Failure(
+                    case.label, "memory: what a rank keeps between steps",
+                    f"after step {t + 1} rank {r} still holds {int(kept)} bytes more than "
+                    f"before it: {kept / full:.2f} flat copies of the model "
+                    f"({full} bytes each)",
+                    expected=f"at most {keep_copies} copies (+{SLACK // 1024} KiB): a "
+                             f"{stage} rank holds {keeps}, all handed to it",
+                    got=f"{int(kept)} bytes kept",
+                    hint="Keep nothing full-size between steps: no full master copy, no "
+                         "full Adam moments, no cached flat buffers. Your 1/N of the "
+                         "optimizer state is opt's; everything else is rebuilt each step.")
+            if peak > peak_copies * full + SLACK + info.get("activations", 0):
+                return Failure(
+                    case.label, "memory: peak per rank within the stage's bound",
+                    f"during step {t + 1} rank {r} held up to {int(peak)} bytes more than "
+                    f"when the step began: {peak / full:.2f} flat copies of the model",
+                    expected=f"at most {peak_copies} copies (+ slack)",
+                    got=f"{int(peak)} bytes", hint=None)
+    if result.resident is None:
+        return None
+    # What the driver makes for a rank: the model's parameters and gradients
+    # (8 bytes each), the master shard and Adam's m and v (3 shards).
+    setup = 16 * info["numel"] + 3 * full // n
+    return (resident_loaded(result, case)
+            or resident_marks(result, case, C.STEPS, setup, keep_copies * full, stage))
