@@ -49,13 +49,14 @@ MODES = ("buffered", "rendezvous")
 _ABANDONED = []
 WORLD = 0        # the whole world's group id
 _INF = float("inf")
+_LAST = 1 << 62      # a heap order after every actor's (see World._order)
 
 
 class Actor:
     """A rank's program (stream 0) or one of its works (stream 1)."""
 
     __slots__ = ("rank", "stream", "glet", "clock", "time", "waiting", "finished", "result",
-                 "spans", "span_path", "comm", "unwinding", "abandoned", "poll_push", "polled")
+                 "spans", "span_path", "comm", "unwinding", "abandoned", "timer", "polled")
 
     def __init__(self, rank, stream=0, clock=0, time=0.0):
         self.rank, self.stream, self.glet, self.clock, self.time = rank, stream, None, clock, time
@@ -63,7 +64,7 @@ class Actor:
         self.spans, self.span_path, self.comm = [], "", None
         self.unwinding = False
         self.abandoned = False     # it kept catching the time limit: never resumed again
-        self.poll_push = None      # the push count of its heap entry, while that is a poll
+        self.timer = None          # its heap entry while a polling loop waits (see _poll_wait)
         self.polled = None         # (time, clock, ids of what it polled then): see _poll
 
     def key(self):
@@ -256,8 +257,7 @@ class World(WorldProtocol):
         once between two computes therefore times exactly as one that does not
         poll. Polling the same thing again at the same instant (a loop that
         only polls, ``while not work.is_completed(): pass``) would never let
-        time pass, so that poll waits for the next event: the actor furthest
-        behind runs first, or time moves to ``what``'s end."""
+        time pass, so that poll waits (``_poll_wait``)."""
         self._sync(me)
         done = end()
         if done is not None and done <= me.time:
@@ -269,39 +269,43 @@ class World(WorldProtocol):
             me.polled[2].add(id(what))
             return False
         me.polled = None
-        self._poll_wait(me, done)
+        self._poll_wait(me, what, done)
         done = end()
         return done is not None and done <= me.time
 
-    def _poll_wait(self, me, done):
-        """A polling loop's turn: let the actor furthest behind run first (time
-        passes while one polls), or, if nothing else can happen before ``done``
-        (the polled thing's end), move to it.
-
-        "Furthest behind" skips the actors that are themselves polling: two ranks
-        polling would otherwise queue behind each other forever, at the same
-        place, and never let a third actor (the work they poll) run."""
+    def _poll_wait(self, me, what, done):
+        """A polling loop's turn: wait for ``what`` (a request or a work) as a
+        blocking wait would, but only until the next thing that happens: the
+        next actor that runs (not one that only polls), or ``what``'s own end
+        (``done``). Then the loop looks again. Nothing else moves the clock, so
+        a loop that polls ends at the same simulated time as a wait; and one
+        that polls what never comes, while everyone else only polls too, is a
+        deadlock, reported as one."""
         heap = self.heap
-        top = heap[0] if heap else None
-        if top is not None and top[-1].poll_push == top[2]:
-            top = min((e for e in heap if e[-1].poll_push != e[2]), default=top)
-        if done is not None and (top is None or done < top[0]):
-            me.time = done
-            return
-        if top is not None:
-            time, order = top[:2]
-            me.time = max(me.time, time)
-            me.clock = max(me.clock, order // (2 * self.world_size))
-            self.pushes += 1           # queued right behind that entry
-            heapq.heappush(heap, (time, order, self.pushes, me))
-        else:
-            self._push(me)
-        me.poll_push = self.pushes
+        others = [e for e in heap if e[-1].timer is not e and e[-1] is not me]
+        until = min((e[0] for e in others), default=None)
+        if done is not None:
+            until = done if until is None else min(until, done)
+        me.waiting = what
+        if isinstance(what, Work):
+            what.waiters.append(me)
+        if until is not None:
+            # After every actor of that time: what they do there is what it waits for.
+            self.pushes += 1
+            me.timer = (max(me.time, until), _LAST, self.pushes, me)
+            heapq.heappush(heap, me.timer)
         self._yield()
+        if me.timer is not None:           # the timer ran out: time passed while it polled
+            me.time, me.timer = max(me.time, me.timer[0]), None
+        me.waiting = None
 
     def _wake(self, actor, clock, time):
         actor.waiting = None
         actor.clock, actor.time = max(actor.clock, clock), max(actor.time, time)
+        if actor.timer is not None:        # a polling loop's wait ends early: no timer now
+            self.heap.remove(actor.timer)
+            heapq.heapify(self.heap)
+            actor.timer = None
         self._push(actor)
 
     def _main(self, me, program, comm, x, args, kwargs):

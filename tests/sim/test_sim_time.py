@@ -2,6 +2,7 @@
 the alpha-beta network), communication streams, and receiving from anyone.
 Checked against closed forms and brute-force properties."""
 
+import time
 from collections import Counter
 
 import numpy as np
@@ -280,3 +281,69 @@ def test_json_round_trip_keeps_groups_streams_times_and_computes():
     back = ringlab.Trace.from_json(res.trace.to_json())
     assert back == res.trace and back.computes == res.trace.computes
     assert back.spans == res.trace.spans and back.time == res.trace.time
+
+
+# -- polling: a loop that only polls ends when a blocking wait would -----------------------
+def test_a_polling_loop_ends_at_the_works_end_not_later():
+    """Three ranks each poll two works in a loop (a red team's program livelocked here):
+    the run ends, and each rank goes on at the time its work ended, as with wait()."""
+    from ringlab.collectives import ring_allreduce
+    net = ringlab.AlphaBeta(alpha=1e-6, beta=1e-9)
+
+    def program(comm, x, poll):
+        works = [comm.start(ring_allreduce, np.ones(4)), comm.start(ring_allreduce, np.ones(5))]
+        ends = []
+        for w in works:
+            while poll and not w.is_completed():
+                pass
+            w.wait()
+            ends.append(comm.time)
+        return np.array(ends)
+    waited = ringlab.run(program, [np.ones(3)] * 3, args=(False,), network=net, timeout=5)
+    polled = ringlab.run(program, [np.ones(3)] * 3, args=(True,), network=net, timeout=5)
+    for a, b in zip(waited.outputs, polled.outputs):
+        np.testing.assert_array_equal(a, b)
+    assert polled.trace == waited.trace and polled.time == waited.time
+
+
+def test_a_polling_loop_goes_on_when_its_message_arrives():
+    """Rank 1 polls a receive whose sender is itself waiting in recv_any; the message
+    arrives at 0.102 s. The loop must go on then, not when an unrelated rank (at 0.3 s)
+    next does something."""
+    net = ringlab.AlphaBeta(alpha=1e-3, beta=1e-9)
+
+    def program(comm, x, poll):
+        r = comm.rank
+        if r == 0:
+            comm.recv_any()
+            comm.send(np.ones(3), 1)
+        elif r == 1:
+            req = comm.irecv(0)
+            while poll and not req.is_completed():
+                pass
+            req.wait()
+            comm.compute(0.01, "after")
+        elif r == 2:
+            comm.compute(0.1, "work")
+            comm.send(np.ones(3), 0)
+        else:
+            comm.compute(0.3, "long")
+        return x
+    for poll in (False, True):
+        res = ringlab.run(program, [np.ones(1)] * 4, args=(poll,), network=net)
+        arrival = [e.end for e in res.trace if e.dst == 1][0]
+        went_on = [c.start for c in res.trace.computes if c.rank == 1][0]
+        # 0.1 s of compute, then two messages of alpha + 24 B * beta each
+        assert arrival == pytest.approx(0.1 + 2 * (1e-3 + 24e-9), rel=1e-12)
+        assert went_on == arrival, (poll, went_on)
+
+
+def test_polling_what_never_comes_is_a_deadlock_not_a_hang():
+    def program(comm, x):
+        req = comm.irecv((comm.rank + 1) % comm.world_size)
+        while not req.is_completed():
+            pass
+    t = time.monotonic()
+    with pytest.raises(ringlab.DeadlockError, match="recv"):
+        ringlab.run(program, [np.ones(1)] * 3, timeout=5)
+    assert time.monotonic() - t < 2
