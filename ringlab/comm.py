@@ -126,6 +126,21 @@ class World(Protocol):
     def agree(self, comm, value, what):
         """A barrier (``what="barrier"``) or split: every rank of the group's ``value``."""
 
+    def split(self, comm, color, key, name):
+        """``comm.split``: this rank's new ``Group``, or None. Every rank learns
+        every rank's color and key (an agreement), then creates every group, in
+        the same order, as ``new_group`` requires."""
+        told = self.agree(comm, ("split", color, key), "split")
+        colors = sorted({c for _, c, _ in told if c is not None}, key=repr)
+        mine = None
+        for c in colors:
+            members = sorted((k, r) for r, (_, cc, k) in enumerate(told) if cc == c)
+            label = None if name is None else (name if len(colors) == 1 else f"{name}[{c}]")
+            group = self.new_group(comm, comm._group_ranks([r for _, r in members]), label)
+            if c == color:
+                mine = group
+        return mine
+
     def send(self, comm, array, dst, chunk, op, tag):
         self.isend(comm, array, dst, chunk, op, tag).wait()
 
@@ -161,18 +176,19 @@ class Ledger:
         self.held = {}          # rank -> {label: bytes}
 
     def change(self, comm, label, nbytes):
-        """The signed bytes that ``alloc`` (``nbytes > 0``) or ``free``
-        (``nbytes <= 0``, or None: all) changes, after checking the book."""
+        """The signed bytes that ``alloc`` (``nbytes >= 0``) or ``free``
+        (``nbytes < 0``, or None: all of ``label``) changes, after checking the
+        book. A 0-byte alloc holds its label (with nothing in it) until freed."""
         me = comm._me
         held = self.held.setdefault(me.rank, {})
-        if nbytes is not None and nbytes > 0:
+        if nbytes is not None and nbytes >= 0:
             held[label] = held.get(label, 0) + nbytes
             return nbytes
-        have = held.get(label, 0)
+        have = held.get(label)
         n = have if nbytes is None else -nbytes
-        if n > have or not have:
+        if have is None or n > have:
             call = f"free({label!r})" if nbytes is None else f"free({label!r}, {n})"
-            why = (f"holds only {have} bytes under {label!r}" if have
+            why = (f"holds only {have} bytes under {label!r}" if have is not None
                    else f"holds nothing under {label!r}")
             raise CommError(f"rank {me.rank}, step {me.clock}: {call}: this rank {why} "
                             f"(all it holds: {held}). Hint: free what you alloc, "
@@ -371,16 +387,8 @@ class Comm:
         """MPI's ``Comm.Split``: ranks that pass the same ``color`` form a group,
         ordered by ``key`` and then by their rank here. A rank passing
         ``color=None`` joins none and gets ``None``. Every rank of this group calls it."""
-        told = self._world.agree(self, ("split", color, key), "split")
-        colors = sorted({c for _, c, _ in told if c is not None}, key=repr)
-        mine = None
-        for c in colors:      # every rank creates every group, in the same order
-            members = sorted((k, r) for r, (_, cc, k) in enumerate(told) if cc == c)
-            label = None if name is None else (name if len(colors) == 1 else f"{name}[{c}]")
-            comm = self.new_group([r for _, r in members], label)
-            if c == color:
-                mine = comm
-        return mine
+        group = self._world.split(self, color, key, name)
+        return None if group is None else self._sub(group)
 
     def barrier(self):
         """Wait until every rank of the group has called ``barrier``."""

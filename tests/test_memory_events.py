@@ -299,3 +299,20 @@ def test_real_processes_give_the_same_memory_events_and_errors(pool):
             ringlab.run(over_free, [np.ones(2)] * 2, backend=backend)
         errors.append((err.value.rank, str(err.value.exc)))
     assert errors[0] == errors[1]
+
+
+def test_a_zero_byte_alloc_is_an_alloc():
+    """alloc of an empty array holds its label (0 bytes) until it is freed: it is no
+    free (a red team's ring AllReduce of a length-0 vector failed on this)."""
+    def program(comm, x):
+        comm.alloc("work", np.empty(0))
+        comm.free("work")
+        comm.alloc("a", 8)
+        comm.free("a", 0)                  # freeing nothing changes nothing
+        comm.free("a")
+        return x
+    res = ringlab.run(program, [np.ones(1)] * 2)
+    assert [(m.label, m.nbytes) for m in res.trace.memory if m.rank == 0] == [
+        ("work", 0), ("work", 0), ("a", 8), ("a", 0), ("a", -8)]
+    from ringlab.backends.isolated import run_isolated
+    assert run_isolated(program, [np.ones(1)] * 2).trace.memory == res.trace.memory

@@ -322,8 +322,21 @@ class _RankWorld(World):
             self.handles[(gid, comm._me.sid)] = handle
         return group
 
+    def split(self, comm, color, key, name):
+        """The grader makes the groups and says only which one is this rank's:
+        the other ranks' colors never reach this process."""
+        got = self._call(comm, "split", color, key, name)
+        if got is None:
+            return None
+        ranks, label, gid, handle = got
+        self.handles[(gid, comm._me.sid)] = handle
+        return Group(tuple(ranks), tuple(label) if type(label) is list else label, gid)
+
     def agree(self, comm, value, what):
-        return self._call(comm, "agree", value, what)
+        """Barriers only (``split`` has its own call). A barrier returns nothing:
+        the values ranks pass to one never travel to the others."""
+        self._call(comm, "agree", value, what)
+        return [None] * comm.world_size
 
 
 def _names(exc):

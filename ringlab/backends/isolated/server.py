@@ -155,8 +155,16 @@ class _RankProcess:
                 group = obj._world.new_group(obj, obj._group_ranks(args[0]), args[1])
                 member = obj._me.rank in group.ranks
                 return [group.label, group.gid, self._register(sid, obj._sub(group)) if member else None]
-            elif method == "agree" and len(args) == 2 and args[1] in ("split", "barrier"):
-                return obj._world.agree(obj, args[0], args[1])
+            elif method == "split" and len(args) == 3:
+                sub = obj.split(*args)
+                if sub is None:
+                    return None
+                g = sub.group
+                return [list(g.ranks), g.label, g.gid, self._register(sid, sub)]
+            elif method == "agree" and len(args) == 2 and args[1] == "barrier" and (
+                    args[0] is None or _is_mark_value(args[0])):
+                obj._world.agree(obj, args[0], "barrier")       # no rank's value comes back
+                return None
             elif method == "span_enter" and len(args) == 1:
                 span = obj.span(args[0])
                 span.__enter__()
@@ -271,8 +279,12 @@ def mark(comm, label):
 def _is_mark(message):
     args = message[3] if len(message) == 5 else None
     return (message[2] == "agree" and type(args) is list and len(args) == 2
-            and args[1] == "barrier" and type(args[0]) is tuple and len(args[0]) == 2
-            and args[0][0] == MARK)
+            and args[1] == "barrier" and _is_mark_value(args[0]))
+
+
+def _is_mark_value(value):
+    return (type(value) is tuple and len(value) == 2 and value[0] == MARK
+            and type(value[1]) is int and 0 <= value[1] < 1000)
 
 
 class _WorkServer:
