@@ -24,6 +24,15 @@ class Wait(NamedTuple):
         return part in self.text
 
 
+def said(exc):
+    """What an exception says (``str(exc)``), even when saying it fails: a
+    program's own exception class may have a ``__str__`` that raises."""
+    try:
+        return str(exc)
+    except BaseException:  # noqa: BLE001 - any failure of the program's __str__
+        return f"<a {type(exc).__name__} whose str() fails>"
+
+
 class RinglabError(Exception):
     """Base class of every error ringlab raises on purpose."""
 
@@ -49,8 +58,8 @@ class RankError(RinglabError):
         self.rank, self.step, self.exc = rank, step, exc
         self.program_traceback, self.trace = program_traceback, trace
         # A CommError already says "rank r, step s: ..."; don't say it twice.
-        self.headline = str(exc) if isinstance(exc, CommError) else (
-            f"rank {rank} raised {type(exc).__name__} at step {step}: {exc}")
+        self.headline = said(exc) if isinstance(exc, CommError) else (
+            f"rank {rank} raised {type(exc).__name__} at step {step}: {said(exc)}")
         super().__init__(f"{self.headline}\n{program_traceback}")
 
 

@@ -14,6 +14,7 @@ import threading
 import traceback
 
 from ..comm import Comm
+from ..errors import said
 
 
 class Interrupt(BaseException):
@@ -27,7 +28,7 @@ def program_traceback(exc):
     text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
     if isinstance(exc, Interrupt):
         return text + "(stopped here by the time limit)"
-    return text + "".join(traceback.format_exception_only(type(exc), exc))
+    return text + f"{type(exc).__name__}: {said(exc)}\n"
 
 
 _WAKE = getattr(signal, "SIGUSR2", None)    # None on Windows

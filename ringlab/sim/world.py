@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import threading
 import types
 from collections import defaultdict, deque
 
@@ -188,6 +189,7 @@ class World(WorldProtocol):
         self.heap, self.pushes = [], 0
         self.any_waiters = []
         self.current = None
+        self.thread = threading.get_ident()   # the thread that runs the world (see run)
         self.failure = None
         self.aborting = False
 
@@ -258,6 +260,7 @@ class World(WorldProtocol):
         poll. Polling the same thing again at the same instant (a loop that
         only polls, ``while not work.is_completed(): pass``) would never let
         time pass, so that poll waits (``_poll_wait``)."""
+        self._same_thread()
         self._sync(me)
         done = end()
         if done is not None and done <= me.time:
@@ -299,6 +302,13 @@ class World(WorldProtocol):
             me.time, me.timer = max(me.time, me.timer[0]), None
         me.waiting = None
 
+    def _same_thread(self):
+        """Ranks run on the thread that runs the world: a call from a thread the
+        program started itself would run a rank outside the scheduler."""
+        if threading.get_ident() != self.thread:
+            raise CommError("communication calls must come from the program or from a work "
+                            "(comm.start), not from a thread the program started itself")
+
     def _wake(self, actor, clock, time):
         actor.waiting = None
         actor.clock, actor.time = max(actor.clock, clock), max(actor.time, time)
@@ -319,7 +329,7 @@ class World(WorldProtocol):
             self.failure = self.failure or ("error", me, e)
 
     def run(self, program, inputs, args, kwargs):
-        self.hub = greenlet.getcurrent()
+        self.hub, self.thread = greenlet.getcurrent(), threading.get_ident()
         if self.deferred:
             self.ports.bind(self)
             self.net_glet = greenlet.greenlet(self._network_loop, parent=self.hub)
@@ -389,6 +399,7 @@ class World(WorldProtocol):
 
     # -- point to point -------------------------------------------------------------
     def isend(self, comm, array, dst, chunk, op, tag):
+        self._same_thread()
         me = comm._me
         self._sync(me)
         payload = np.array(array, copy=True)   # buffered: later changes do not travel
@@ -418,6 +429,7 @@ class World(WorldProtocol):
         return req
 
     def irecv(self, comm, src, expect, out, tag):
+        self._same_thread()
         me = comm._me
         if self.rendezvous and self.ports is not None:
             self._sync(me)
@@ -466,6 +478,7 @@ class World(WorldProtocol):
             self._wake(recv_req.owner, ev.step, recv_req.end)
 
     def _wait(self, req):
+        self._same_thread()
         me = req.owner
         if self.current is not me:
             who = self.current.rank if self.current else "?"
@@ -531,6 +544,7 @@ class World(WorldProtocol):
 
     # -- receive from anyone --------------------------------------------------------------
     def recv_any(self, comm, tag):
+        self._same_thread()
         me = comm._me
         waiter = _AnyRecv(comm, tag)
         self.any_waiters.append(waiter)
@@ -569,6 +583,7 @@ class World(WorldProtocol):
 
     # -- time -----------------------------------------------------------------------------
     def compute(self, comm, seconds, label, meta):
+        self._same_thread()
         me = comm._me
         self.computes.append(Compute(me.rank, label, me.time, me.time + seconds, me.clock,
                                      me.stream, tuple(sorted(meta.items()))))
@@ -579,11 +594,13 @@ class World(WorldProtocol):
         self._sync(me)
 
     def memory(self, comm, label, nbytes):
+        self._same_thread()
         nbytes = self.ledger.change(comm, label, nbytes)
         me = comm._me       # memory takes no time: just a note at the rank's time and step
         self.memory_events.append(MemoryEvent(me.rank, label, nbytes, me.time, me.clock, me.stream))
 
     def start(self, comm, fn, args, kwargs):
+        self._same_thread()
         me = comm._me
         actor = Actor(me.rank, 1, me.clock, me.time)
         # A work belongs to the span it was started in ("backward/ring_allreduce"),
@@ -615,6 +632,7 @@ class World(WorldProtocol):
             self.failure = self.failure or ("error", actor, e)
 
     def _wait_work(self, work, me=None):
+        self._same_thread()
         me = me or self.current
         if not work.done:
             work.waiters.append(me)
@@ -624,6 +642,7 @@ class World(WorldProtocol):
 
     # -- groups ------------------------------------------------------------------------------
     def new_group(self, comm, ranks, name):
+        self._same_thread()
         me = comm._me
         k = self.group_calls[(me.rank, comm.group.gid)]
         self.group_calls[(me.rank, comm.group.gid)] = k + 1
@@ -642,6 +661,7 @@ class World(WorldProtocol):
         return group
 
     def agree(self, comm, value, what):
+        self._same_thread()
         me = comm._me
         k = self.agree_calls[(me.rank, comm.group.gid)]
         self.agree_calls[(me.rank, comm.group.gid)] = k + 1

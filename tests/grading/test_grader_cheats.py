@@ -435,7 +435,7 @@ def test_cheats_fail(exercise, program, check, phrases):
 def test_every_exercise_has_two_cheats():
     """Part 3's graders keep their cheats (and wrong programs) in their own red-team file."""
     from ringlab.grading import GRADERS
-    import test_grade_tensor_parallel_redteam as tp
+    from grading.tensor_parallel import test_grade_tensor_parallel_redteam as tp
     own = {"column_parallel_linear": tp.COLUMN_WRONG, "row_parallel_linear": tp.ROW_WRONG,
            "megatron_mlp": tp.MLP_WRONG, "tp_attention": tp.ATTENTION_WRONG}
     for ex in set(GRADERS) - {"fix_ring_allgather"} - set(own):   # graded as ring_allgather

@@ -19,7 +19,7 @@ import traceback
 import numpy as np
 
 from ...comm import Comm, Group, World
-from ...errors import CommError
+from ...errors import CommError, said
 from . import pipe as wire
 from . import sandbox
 
@@ -28,6 +28,11 @@ def rank_main(conn, program_bytes, memory_mb, banned=()):
     os.setpgrp()                     # its own process group: the grader kills it and its children
     sandbox.limit(memory_mb)
     sandbox.malloc_returns_memory()
+    # What a rank prints goes nowhere: the grader's console is the instructor's,
+    # and a printed "All test cases passed!" there would be a forgery.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
     try:
         import cloudpickle
         sandbox.CONN[0] = conn
@@ -58,7 +63,7 @@ def rank_main(conn, program_bytes, memory_mb, banned=()):
         link.receive(None)
     except BaseException as e:  # noqa: BLE001 - everything is reported to the grader
         with contextlib.suppress(BaseException):
-            wire.send(conn, [0, ["error", _names(e), str(e)[:2000], _rank_traceback(e)]])
+            wire.send(conn, [0, ["error", _names(e), said(e)[:2000], _rank_traceback(e)]])
     finally:
         os._exit(0)                  # no atexit handlers, no flushing of inherited state
 
@@ -92,7 +97,7 @@ def _rank_traceback(exc):
     """The program's traceback, without this module's frames."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not os.path.abspath(f.filename).startswith(_OURS)]
     text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
-    return (text + "".join(traceback.format_exception_only(type(exc), exc)))[-8000:]
+    return (text + f"{type(exc).__name__}: {said(exc)}\n")[-8000:]
 
 
 class _Actor:
@@ -189,7 +194,7 @@ def _work_thread(link, work, comm, go, fn, args, kwargs):
         link.send(sid, ["done"])
     except BaseException as e:  # noqa: BLE001 - reported to the grader, as the program's errors
         with contextlib.suppress(BaseException):
-            link.send(sid, ["error", _names(e), str(e)[:2000], _rank_traceback(e)])
+            link.send(sid, ["error", _names(e), said(e)[:2000], _rank_traceback(e)])
 
 
 class _Request:

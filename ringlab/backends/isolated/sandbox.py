@@ -64,9 +64,10 @@ class ReferenceCalled(Exception):
 
 def _answers(banned):
     """The functions named in ``banned`` (``module:qualname``, see
-    ``ringlab.answers.name_of``), each with the words that name it, and the
-    ``(file, qualname)`` of their code. A decorated answer counts through to the
-    function it wraps (``@collective``'s wrapper is shared code; what it wraps is not)."""
+    ``ringlab.answers.name_of``): ``{(file, qualname) of their code: the words
+    that name the answer}``. A decorated answer counts through to the function
+    it wraps (``@collective``'s wrapper is code shared by every collective:
+    only the function of the answer's own name counts)."""
     codes = {}
     for entry in banned:
         module, _, qualname = str(entry).partition(":")
@@ -76,10 +77,16 @@ def _answers(banned):
         exercises = ", ".join(getattr(obj, "__ringlab_answers__", ()))
         words = f"ringlab's own answer to {exercises} ({module}.{qualname})"
         while isinstance(obj, types.FunctionType):
-            if obj.__closure__ is None:
-                codes[(obj.__code__.co_filename, obj.__code__.co_qualname)] = words
+            if obj.__code__.co_qualname == qualname:
+                codes[(obj.__code__.co_filename, qualname)] = words
             obj = getattr(obj, "__wrapped__", None)
     return codes
+
+
+def _fingerprint(code):
+    """What a copy of a code object keeps whatever its file and name: its
+    bytecode, constants and names."""
+    return (code.co_code, code.co_consts, code.co_names, code.co_varnames)
 
 
 def _report_and_exit(why, kind="ReferenceCalled"):
@@ -112,7 +119,8 @@ FORBIDDEN_EVENTS = {"mmap.__new__": "mmap (memory the grader's measurement does 
                     "os.rmdir": "os.rmdir", "os.chmod": "os.chmod", "os.chown": "os.chown",
                     "os.utime": "os.utime", "os.truncate": "os.truncate",
                     "os.setxattr": "os.setxattr", "os.kill": "os.kill", "os.killpg": "os.killpg",
-                    "socket.__new__": "a socket", "socket.socketpair": "a socket"}
+                    "socket.__new__": "a socket", "socket.socketpair": "a socket",
+                    "os.mkfifo": "os.mkfifo", "os.mknod": "os.mknod"}
 # open() for writing: ranks are separate processes so that they share nothing
 # but messages; a file one rank writes and another reads would be a channel the
 # trace does not see (a red team summed a vector that way, with no messages).
@@ -124,19 +132,34 @@ def _poison(codes):
     """Replace the code of every banned answer in this process by a stub that
     ends the rank: the answer no longer exists here, however the program
     reaches it (sys.modules, gc, a package attribute, a copy of the function,
-    a thread without the profile hook). The originals are dropped, not kept."""
+    a thread without the profile hook). The originals are dropped, not kept:
+    only their fingerprints are (``_fingerprint``), to know a copy of them."""
+    prints = {}
     for obj in gc.get_objects():
-        if not isinstance(obj, types.FunctionType) or obj.__closure__:
+        if not isinstance(obj, types.FunctionType):
             continue
-        words = codes.get((obj.__code__.co_filename, obj.__code__.co_qualname))
+        code = obj.__code__
+        words = codes.get((code.co_filename, code.co_qualname))
         if words is not None:
+            prints[_fingerprint(code)] = words
             # The stub runs with the answer's own globals: its one name goes there.
             obj.__globals__["_ringlab_answer_called"] = _report_and_exit
-            stub = {}
-            exec(compile(f"def stub(*args, **kwargs):\n    _ringlab_answer_called("
-                         f"{'the program called ' + words!r})\n",
-                         "<answer removed by the grader>", "exec"), stub)
-            obj.__code__ = stub["stub"].__code__
+            obj.__code__ = _stub(f"the program called {words}", code.co_freevars)
+    return prints
+
+
+def _stub(words, freevars):
+    """A function's code that ends the rank with ``words``, with the same free
+    variables as the code it replaces (a method that uses ``super()`` has one,
+    ``__class__``; a function may replace only code of its own shape)."""
+    lines = ["def outer():", *(f"    {name} = None" for name in freevars),
+             "    def stub(*args, **kwargs):",
+             *([f"        ({', '.join(freevars)},)"] if freevars else []),
+             f"        _ringlab_answer_called({words!r})",
+             "    return stub"]
+    namespace = {}
+    exec(compile("\n".join(lines), "<answer removed by the grader>", "exec"), namespace)
+    return namespace["outer"]().__code__
 
 
 def _audit(files):
@@ -179,7 +202,41 @@ def _audit(files):
             if path in sources or linked:
                 _report_and_exit(f"the program read the source of ringlab's answers "
                                  f"({os.path.basename(path)}), which hold an exercise's answer")
+            why = _off_limits(path)
+            if why:
+                _report_and_exit(f"the program opened {path}: {why}", "NotAllowed")
     sys.addaudithook(hook)
+
+
+def _off_limits(path):
+    """Why a rank may not open ``path``, even to read it, or ''. Another
+    process's files under /proc (its memory: the grader's, another rank's),
+    shared memory, and notebooks (the book's solutions are notebooks: running
+    their cells is not the learner's own code)."""
+    parts = path.split(os.sep)
+    if len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and int(parts[2]) != os.getpid():
+        return "another process's memory and files are not a rank's to read"
+    if path.startswith(("/dev/shm", "/run/shm")):
+        return "shared memory is a way between ranks outside the messages"
+    if path.endswith(".ipynb"):
+        return "a rank runs the program it was given, not a notebook's cells"
+    return ""
+
+
+def _no_hiding_places():
+    """Ways to hold data that neither an audited ``open`` nor the process's
+    resident memory shows: POSIX shared memory (``multiprocessing.shared_memory``:
+    a channel between ranks), and kernel buffers (memfd, pipes to oneself,
+    eventfds: memory the grader's reading of the rank's memory does not see).
+    Their functions are taken away before the program runs: calling or
+    importing them fails."""
+    for name in ("_posixshmem", "multiprocessing.shared_memory"):
+        sys.modules[name] = None
+    import posix
+    for module in (os, posix):
+        for name in ("pipe", "pipe2", "memfd_create", "eventfd", "openpty", "mkfifo", "mknod"):
+            if hasattr(module, name):
+                delattr(module, name)
 
 
 @contextlib.contextmanager
@@ -196,14 +253,19 @@ def no_reference(banned):
     sockets, signals or subprocesses, so the messages are the only way between
     them."""
     codes = _answers(banned)
-    _poison(codes)
+    prints = _poison(codes)
     sys.dont_write_bytecode = True       # an import must not write a .pyc: no writes at all
+    _no_hiding_places()
     _audit({os.path.realpath(file) for file, _ in codes})
-    hit = []
+    hit, seen = [], {}                   # seen: code object -> the words, or None
 
     def hook(frame, event, arg):
         if event == "call" and not hit:
-            words = codes.get((frame.f_code.co_filename, frame.f_code.co_qualname))
+            code = frame.f_code
+            words = seen.get(code, False)
+            if words is False:           # first call of this code: a copy of an answer?
+                words = seen[code] = (codes.get((code.co_filename, code.co_qualname))
+                                      or prints.get(_fingerprint(code)))
             if words is not None:
                 hit.append(words)
     if codes:                  # a profile hook slows every call: only where it watches something

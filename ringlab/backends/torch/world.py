@@ -51,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch.distributed as dist
 
-from ...errors import CommError
+from ...errors import CommError, said
 from ...trace import Compute, Event, MemoryEvent
 from ...comm import ANY, Comm, Group, Ledger, group_label, dtype_name as _dtype_name, mismatch as _mismatch
 from ...trace import payload_key
@@ -560,7 +560,7 @@ def _frames(walk):
 def error_report(exc):
     """Outcome fields for an exception: its frames and its last line."""
     return dict(error=exc, frames=_frames(traceback.walk_tb(exc.__traceback__)),
-                traceback="".join(traceback.format_exception_only(type(exc), exc)))
+                traceback=f"{type(exc).__name__}: {said(exc)}\n")
 
 
 def stack_report(frame):

@@ -16,6 +16,7 @@ import numpy as np
 from ...errors import DeadlockError, ProgramTimeout, RankError, UnreceivedMessagesError
 from ...runner import run
 from . import apart, deadlock
+from .frames import without_grader_frames
 from .report import Failure, NotImplementedYet
 
 # What runs a case: ``ringlab.run`` (all ranks in this process), or, for trusted
@@ -59,8 +60,14 @@ def run_case(program, case, backend="sim", **kw):
     except RankError as e:
         if isinstance(e.exc, NotImplementedError):
             raise NotImplementedYet from e
+        # The learner's frames only: the grader's driver is not theirs to read.
+        where = without_grader_frames(str(e.program_traceback)).rstrip()
+        if where.count("\n") < 2:         # no frame of the program's: the grader stopped it
+            return None, Failure(case.label, "the program runs without error", e.headline,
+                                 hint="The rank was stopped where the report says, not by an "
+                                      "error in your code's arithmetic: see What.", error=e)
         return None, Failure(case.label, "the program runs without error", e.headline,
-                             got=str(e.program_traceback).rstrip(),
+                             got=where,
                              hint="Read the last line of your code in the traceback above; the "
                                   "error happened there, on the rank named.", error=e)
     except DeadlockError as e:

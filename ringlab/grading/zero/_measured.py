@@ -161,6 +161,8 @@ class _Waitable:
         attr = getattr(self._inner, name)
         if name == "wait":
             return functools.partial(_call, self._ledger, attr, _out=self._out, _raw=True)
+        if name == "is_completed":         # a poll lets others run too: a boundary
+            return functools.partial(_call, self._ledger, attr, _raw=True, _adopt=False)
         return attr
 
 
