@@ -44,7 +44,17 @@ MAX_SUBMISSION = 50 * 2**20
 # graded, and those are treated as untrusted anyway.
 EXPORT = """\
 def __ringlab_export(names, folder):
-    import json, os, cloudpickle
+    import json, os, sys, cloudpickle
+    # Modules of the notebook's own folder (a helper the learner wrote next to
+    # it) travel with the function, by value: the ranks run elsewhere.
+    here = os.path.abspath(os.getcwd()) + os.sep
+    for module in list(sys.modules.values()):
+        path = os.path.abspath(getattr(module, "__file__", None) or "/")
+        if path.startswith(here) and getattr(module, "__name__", "") != "__main__":
+            try:
+                cloudpickle.register_pickle_by_value(module)
+            except Exception:
+                pass
     found = {}
     for exercise, name in names.items():
         f = globals().get(name)
@@ -187,6 +197,18 @@ def run_notebook(nb, path, exercises, folder, *, timeout, memory_mb):
     return problem, errors
 
 
+def prepare():
+    """Before a learner's notebook runs: every module of ringlab imported here
+    (the graders, their kit, the answers), and the ranks' forkserver started
+    with them loaded. A notebook's code runs with the grader's rights; were a
+    module first imported after it, the notebook could have rewritten its file
+    (a red team made a grader's check() return None that way)."""
+    from ..backends.isolated import server, start_forkserver
+    for name in server._every_module():
+        importlib.import_module(name)
+    start_forkserver()
+
+
 def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, seed=None, override=None,
                    executed=None):
     """Grade one notebook; returns its rows (dicts with ``FIELDS``), one per exercise.
@@ -196,6 +218,7 @@ def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, s
     import nbformat
     from .kit.loop import grade_cases
 
+    prepare()
     start = time.monotonic()
     rows = []
 

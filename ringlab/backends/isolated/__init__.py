@@ -37,8 +37,9 @@ runs stay reproducible, and a work's code and the program's touch shared
 arrays in the same order as in ``ringlab.run``.
 """
 
-from .server import ISOLATED_SLOWDOWN, MARK, RankProcessDied, Submission, mark, run_isolated, runner
+from .server import (ISOLATED_SLOWDOWN, MARK, RankProcessDied, Submission, mark, run_isolated,
+                     runner, start_forkserver)
 from .rank import rebuild_exception
 
 __all__ = ["run_isolated", "runner", "Submission", "mark", "MARK", "RankProcessDied",
-           "rebuild_exception", "ISOLATED_SLOWDOWN"]
+           "rebuild_exception", "ISOLATED_SLOWDOWN", "start_forkserver"]

@@ -7,7 +7,8 @@ these kinds exist on the wire:
 * ``None``, ``bool``, ``int``, ``float``, ``str`` (JSON's own);
 * lists and tuples of values; dicts with ``str`` keys (a case's named gradients);
 * numpy arrays of a plain numeric dtype, sent as bytes + dtype + shape and
-  rebuilt with ``numpy.frombuffer`` (an exact ``ndarray``, never a subclass);
+  rebuilt with ``numpy.frombuffer`` (an exact ``ndarray``; a subclass's name
+  travels with it, and it comes back as an empty subclass of that name);
 * a *handle*: the number of an object that lives on the other side
   (a ``Comm``, a ``Request``), so a rank can name it in later calls.
 
@@ -86,9 +87,12 @@ def _encode(v, arrays, depth):
         return v
     if isinstance(v, (np.bool_, np.integer, np.floating)):
         return v.item()            # a numpy scalar travels as the Python number
-    if type(v) is np.ndarray and v.dtype.str in DTYPES:
-        arrays.append(np.ascontiguousarray(v))
-        return {"a": len(arrays) - 1, "d": v.dtype.str, "s": list(v.shape)}
+    if isinstance(v, np.ndarray) and v.dtype.str in DTYPES:
+        arrays.append(np.ascontiguousarray(v).view(np.ndarray))
+        out = {"a": len(arrays) - 1, "d": v.dtype.str, "s": list(v.shape)}
+        if type(v) is not np.ndarray:      # a subclass: its name travels, not its code
+            out["c"] = type(v).__name__
+        return out
     if type(v) in (list, tuple):
         return {"l" if type(v) is list else "t": [_encode(x, arrays, depth + 1) for x in v]}
     if type(v) is dict and all(type(k) is str for k in v):
@@ -133,4 +137,11 @@ def _array(t, buffers):
     if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(buf):
         raise WireError("array bytes do not match its shape")
     # .copy(): frombuffer over bytes is read-only; the program may write to what it received.
-    return np.frombuffer(buf, dtype=dtype).reshape(shape).copy()
+    array = np.frombuffer(buf, dtype=dtype).reshape(shape).copy()
+    if "c" in t:
+        # A subclass of the program's: an empty one of the same name, so that the
+        # grader's checks say "returned a MaskedArray" as in one process. No code
+        # of the program's runs here.
+        name = str(t["c"]) if str(t["c"]).isidentifier() and len(str(t["c"])) <= 60 else "subclass"
+        array = array.view(type(name, (np.ndarray,), {}))
+    return array

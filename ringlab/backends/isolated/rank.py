@@ -77,8 +77,8 @@ def _measured(conn, what):
 
 def _bad_result(value, depth=0):
     """None if ``value`` may be a result, else what it is, in words."""
-    if value is None or (type(value) is np.ndarray and value.dtype.str in wire.DTYPES):
-        return None
+    if value is None or (isinstance(value, np.ndarray) and value.dtype.str in wire.DTYPES):
+        return None      # a subclass too: it travels by name, and the grader's checks name it
     if type(value) in (list, tuple) and depth < 2:
         return next((f"a {type(value).__name__} holding {b}" for b in
                      (_bad_result(v, depth + 1) for v in value) if b), None)

@@ -178,9 +178,9 @@ def _audit(files):
     def hook(event, args):
         if not _ARMED[0]:
             return
-        if event in FORBIDDEN_EVENTS or event.startswith("os.exec"):
-            _report_and_exit(f"the program used {FORBIDDEN_EVENTS.get(event, event)}, which "
-                             f"the grader does not allow", "NotAllowed")
+        why = way_between_ranks(event, args)
+        if why:
+            _report_and_exit(why, "NotAllowed")
         if event in ("sys.setprofile", "sys.settrace"):
             # A new thread installs threading's hook (ours) from its bootstrap: allowed.
             if sys._getframe(1).f_code in _THREAD_START:
@@ -191,9 +191,6 @@ def _audit(files):
             _report_and_exit("the program used ctypes, which the grader does not allow")
         elif event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
             path = os.path.realpath(os.fsdecode(args[0]))
-            if isinstance(args[2], int) and args[2] & _WRITES and path != os.devnull:
-                _report_and_exit(f"the program opened a file for writing ({path}): ranks "
-                                 f"share data only through messages", "NotAllowed")
             try:
                 st = os.stat(path)
                 linked = (st.st_dev, st.st_ino) in inodes
@@ -202,10 +199,27 @@ def _audit(files):
             if path in sources or linked:
                 _report_and_exit(f"the program read the source of ringlab's answers "
                                  f"({os.path.basename(path)}), which hold an exercise's answer")
-            why = _off_limits(path)
-            if why:
-                _report_and_exit(f"the program opened {path}: {why}", "NotAllowed")
     sys.addaudithook(hook)
+
+
+def way_between_ranks(event, args):
+    """Words for an audited ``event`` by which a rank could reach another rank's
+    data or process outside the messages (a file written, a socket, a signal,
+    another process's memory, ...), or None. The rule of isolated runs, which
+    the self-check applies too (``ringlab.grading.kit.apart``), so that both
+    give one verdict."""
+    if event in FORBIDDEN_EVENTS or event.startswith("os.exec"):
+        return f"the program used {FORBIDDEN_EVENTS.get(event, event)}, which the grader does not allow"
+    if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        path = os.path.realpath(os.fsdecode(args[0]))
+        if isinstance(args[2], int) and args[2] & _WRITES and path != os.devnull:
+            return (f"the program opened a file for writing ({path}): ranks share data only "
+                    f"through messages (print instead: ringlab grade shows nothing of it, "
+                    f"and the self-check does)")
+        why = _off_limits(path)
+        if why:
+            return f"the program opened {path}: {why}"
+    return None
 
 
 def _off_limits(path):

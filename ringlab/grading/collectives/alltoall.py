@@ -28,6 +28,8 @@ from ..kit import blocks as B, checks
 from ..kit.report import Failure
 
 NAME = "alltoall"
+# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
+DEPENDS_ON_ALL = True
 cases = B.cases
 
 

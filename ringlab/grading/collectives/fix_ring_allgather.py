@@ -14,6 +14,8 @@ import numpy as np
 from .ring_allgather import cases, check  # noqa: F401 - graded like ring_allgather
 
 NAME = "fix_ring_allgather"
+# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
+DEPENDS_ON_ALL = True
 
 BUGGY_SOURCE = '''\
 def ring_allgather(comm, x):

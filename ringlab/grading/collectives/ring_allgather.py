@@ -35,6 +35,8 @@ from ..kit.report import Case, Failure, numbers
 from ..kit.running import check_outputs_shape, run_case
 
 NAME = "ring_allgather"
+# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
+DEPENDS_ON_ALL = True
 LOOP = ("Count your loop first: it must run world_size - 1 times, one block per step; with fewer "
         "steps some blocks never arrive.")
 

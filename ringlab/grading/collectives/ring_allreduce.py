@@ -42,6 +42,8 @@ from ..kit.report import Case, Failure, numbers
 from ..kit.running import check_outputs_shape, run_case
 
 NAME = "ring_allreduce"
+# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
+DEPENDS_ON_ALL = True
 
 
 def cases(rng):

@@ -37,6 +37,8 @@ from ..kit import checks
 from ..kit.report import Failure
 
 NAME = "ring_alltoall"
+# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
+DEPENDS_ON_ALL = True
 cases = B.cases
 
 

@@ -34,6 +34,8 @@ from ..kit.running import plain_array, run_case
 from .ring_allreduce import check_ring_trace, right_messages_wrong_result, wrong_values  # noqa: F401
 
 NAME = "ring_reduce_scatter"
+# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
+DEPENDS_ON_ALL = True
 
 
 def cases(rng):

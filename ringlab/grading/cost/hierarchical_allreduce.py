@@ -59,6 +59,17 @@ from ..collectives.ring_allreduce import wrong_values
 NAME = "hierarchical_allreduce"
 # Part 1's collectives are helpers here; the answer to this exercise is not (ringlab.answers).
 USES = ("collectives",)
+# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
+DEPENDS_ON_ALL = True
+
+
+def causality_case(cases):
+    """The smallest mesh of two nodes or more, with two GPUs or more on each: a
+    single node's case sends nothing between nodes, and the check would see none
+    of the ring across them."""
+    multi = [c for c in cases if c.info["nodes"] >= 2 and c.info["gpus"] >= 2
+             and c.info["decodable"]]
+    return min(multi, key=lambda c: c.world_size, default=None)
 AXES = ("node", "gpu")
 # The stated network. Bandwidths from ringlab.cost.interconnects; the alphas are
 # assumptions (no source gives them): 1 us inside a node, 5 us between nodes.

@@ -57,6 +57,7 @@ def run_apart(grade, timed_out, died):
     if pid == 0:                                   # the child
         os.close(read)
         faulthandler.disable()                     # a crash is reported by the parent
+        _guard_the_ranks()
         _PIPE[0] = write
         code = 0
         try:
@@ -109,6 +110,29 @@ def _wait(pid, read, timed_out, died):
                 return died(label, f"the grader could not go on with this case ({last[0]}): "
                                    f"did the program change Python, numpy or ringlab while it "
                                    f"ran (a function replaced, a builtin patched)?")
+
+
+class NotAllowed(Exception):
+    """What the program did is no way between ranks (see ``_guard_the_ranks``)."""
+
+
+def _guard_the_ranks():
+    """In the child only: the ranks' code may do nothing that ``ringlab grade``'s
+    rank processes may not (write a file, open a socket, ...), so that the self-check
+    gives the verdict the instructor's grade will. An audit hook, for the code of
+    the simulator's ranks only (their greenlets), never the grader's."""
+    import sys
+    import greenlet
+    from ...backends.isolated.sandbox import way_between_ranks
+    sys.dont_write_bytecode = True
+
+    def hook(event, args):
+        if greenlet.getcurrent().parent is None:     # the grader's own code
+            return
+        why = way_between_ranks(event, args)
+        if why:
+            raise NotAllowed(why)
+    sys.addaudithook(hook)
 
 
 def _send(fd, message):

@@ -32,7 +32,7 @@ message of the plain run: the messages that changed depend on j's input.
     ...     for _ in range(n - 1):            # and sends the finished total from the start
     ...         comm.sendrecv(total, (r + 1) % n, (r - 1) % n)
     ...     return total
-    >>> print(violation(cheat, inputs, (), 10.0).split(":")[0])
+    >>> print(violation(cheat, inputs, (), 10.0)[1].split(":")[0])
     at step 1 rank 0 sent rank 1 a message that depends on rank 1's input
 """
 
@@ -87,15 +87,20 @@ def causal_past(trace):
     return past
 
 
-def violation(program, inputs, args, timeout, runner=None):
-    """Words for the first message (in step order) that depends on the input of
-    a rank outside its sender's causal past, or None. Runs ``program`` 1 + N
-    times; a run that fails or changes shape is left out (the other checks
-    report failures)."""
+def violation(program, inputs, args, timeout, runner=None, depends_on_all=False):
+    """``(check, words)`` for what breaks causality, or None: the first message
+    (in step order) that depends on the input of a rank outside its sender's
+    causal past; with ``depends_on_all`` (an exercise whose every result needs
+    every rank's data: a reduction, a layer split over the ranks), a rank whose
+    result does not change with another rank's input: it was worked out from
+    its own copy of everything, and the messages were for show. Runs
+    ``program`` 1 + N times; a run that fails or changes shape is left out (the
+    other checks report failures)."""
     run = runner or active_runner()
     base = run(program, copy.deepcopy(inputs), args=args, timeout=timeout, record_payloads=True)
     past = causal_past(base.trace)
     depends = {k: set() for k in past}
+    unmoved = {}                        # rank -> the ranks whose input its result ignored
     for j in range(len(inputs)):
         changed = nudged(inputs[j])
         if changed is None:
@@ -107,15 +112,40 @@ def violation(program, inputs, args, timeout, runner=None):
             continue
         for key, payload in base.payloads.items():
             got = other.payloads.get(key)
-            if got is not None and not (got.shape == payload.shape and got.dtype == payload.dtype
-                                        and np.array_equal(got, payload, equal_nan=True)):
+            if got is not None and not _same(got, payload):
                 depends[key].add(j)
+        for r, (a, b) in enumerate(zip(base.outputs, other.outputs)):
+            if r != j and _same(a, b):
+                unmoved.setdefault(r, []).append(j)
     for e in sorted(base.trace, key=lambda e: (e.step, e.src, e.dst, e.seq)):
         outside = sorted(depends[payload_key(e)] - past[payload_key(e)])
         if outside:
             j = outside[0]
-            return (f"at step {e.step} rank {e.src} sent rank {e.dst} a message that depends "
+            return ("every message carries only what its sender knew",
+                    f"at step {e.step} rank {e.src} sent rank {e.dst} a message that depends "
                     f"on rank {j}'s input: rank {e.src} had not received rank {j}'s data by "
                     f"then, directly or through another rank, so it cannot have come through "
                     f"the messages")
+    if depends_on_all and unmoved:
+        r = min(unmoved)
+        j = unmoved[r][0]
+        return ("every rank's result needs every rank's data",
+                f"rank {r}'s result stayed the same when rank {j}'s input changed: rank {r} "
+                f"worked it out without rank {j}'s data (from its own copy of everything?), "
+                f"and the messages did not carry what the result needs")
     return None
+
+
+def _same(a, b):
+    """Whether two results (arrays, or lists, tuples and dicts of them) are equal."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape
+                and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - an object that cannot say: call them different
+        return False

@@ -26,6 +26,8 @@ from ._common import Expected, Mistake, Pass, block
 NAME = "column_parallel_linear"
 # ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
 USES = ("collectives",)
+# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
+DEPENDS_ON_ALL = True
 GRADS = ("weight", "bias")
 CASES = [(2, None, (3, 5, 5, 8)), (1, None, (2, 3, 4, 6)), (3, None, (2, 5, 7, 9)),
          (4, None, (3, 5, 6, 8)), (2, (2, 2), (3, 3, 4, 6)), (3, (2, 3), (2, 4, 5, 6)),

@@ -30,6 +30,8 @@ from ...nn import MLP, GeLU
 NAME = "megatron_mlp"
 # ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
 USES = ("collectives",)
+# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
+DEPENDS_ON_ALL = True
 GRADS = ("fc.weight", "fc.bias", "proj.weight", "proj.bias")
 CASES = [(2, None, (3, 5, 4, 8)), (1, None, (2, 3, 4, 8)), (3, None, (2, 5, 6, 12)),
          (4, None, (3, 5, 6, 16)), (2, (2, 2), (3, 3, 4, 10)), (3, (2, 3), (2, 4, 5, 9)),

@@ -33,6 +33,8 @@ from ...nn import CausalSelfAttention, Linear, Module
 NAME = "tp_attention"
 # ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
 USES = ("collectives",)
+# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
+DEPENDS_ON_ALL = True
 GRADS = ("qkv.weight", "qkv.bias", "proj.weight", "proj.bias")
 # (t, mesh, (b, s, h, n_heads)); t=3 with 4 heads: the ValueError case
 CASES = [(2, None, (3, 5, 8, 4)), (1, None, (2, 3, 4, 2)), (3, None, (2, 5, 6, 3)),

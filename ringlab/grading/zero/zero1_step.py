@@ -50,6 +50,8 @@ from ...nn import Adam, FlatBuffer, flatten, mlp_model
 NAME = "zero1_step"
 # Part 1's collectives are the tools; ringlab.zero holds the answers.
 USES = ("collectives", "sync_sgd_step")
+# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
+DEPENDS_ON_ALL = True
 STATE = "the state you were handed stays ZeRO-1's"
 
 

@@ -57,6 +57,8 @@ from ...nn import Adam, FlatBuffer, mlp_model
 NAME = "zero2_step"
 # loss_and_backward (ringlab.data_parallel.buckets) is the tool for a timed backward.
 USES = ("collectives", "sync_sgd_step", "bucketed_grad_sync")
+# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
+DEPENDS_ON_ALL = True
 NETWORK = (1e-6, 1e-9)
 FLOPS = 1e6          # a layer's backward: ~0.1-1 ms; a ring message: ~1-2 us
 

@@ -49,6 +49,8 @@ from ...nn import Adam, FlatBuffer, mlp_model
 
 NAME = "zero3_step"
 USES = ("collectives", "sync_sgd_step")
+# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
+DEPENDS_ON_ALL = True
 STATE = "the state you were handed stays ZeRO-3's"
 # Peak bound: this many full units (parameters, gradient, a collective's buffers),
 # plus the activations, plus slack for Python's own objects. Right programs peak

@@ -44,6 +44,7 @@ def grade_isolated(exercise, program):
 
 
 Y, DX = "y equals the unsharded layer's", "dx equals the unsharded layer's"
+DEPENDS = "every rank's result needs every rank's data"
 FWD, BWD = "forward communication", "backward communication"
 
 
@@ -540,7 +541,7 @@ MLP_WRONG = {
     "two_allreduces_backward": (make_mlp(bwd_sync=two_allreduces), BWD),
     "own_partials_shared_memory": (make_mlp(fwd_sync=own_partials_and_memory), FWD),
     "zeros_ring_backward": (make_mlp(bwd_sync=zeros_ring), BWD),
-    "local_everything_decorative_allreduce": (make_mlp(local_all=True), Y),
+    "local_everything_decorative_allreduce": (make_mlp(local_all=True), DEPENDS),
 }
 
 MLP_RIGHT = {
@@ -704,7 +705,7 @@ ATTENTION_WRONG = {
     "valueerror_without_numbers": (attention_error_no_numbers, None),
     "allgather_partials": (make_attention(fwd_sync=allgather_sum), FWD),
     "own_partials_shared_memory": (make_attention(bwd_sync=own_partials_and_memory), BWD),
-    "local_everything_decorative_allreduce": (make_attention(local_all=True), Y),
+    "local_everything_decorative_allreduce": (make_attention(local_all=True), DEPENDS),
 }
 
 ATTENTION_RIGHT = {
