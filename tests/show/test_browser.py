@@ -261,7 +261,7 @@ def test_player_runs_in_the_built_book(browser):
     build, with tests/book/test_book_shape.py): the Ring AllReduce chapter's player
     renders and steps, and no page of the book logs a JavaScript error."""
     html = Path(os.environ["RINGLAB_BOOK_HTML"]) / "book"
-    page = html / "ring_allreduce.html"
+    page = html / "collectives" / "ring_allreduce.html"
     assert "RinglabPlayer.mount" in page.read_text(encoding="utf-8")
     open_page(browser, page)
     player = browser.find_element("css selector", ".ringlab-player[data-ready]")
@@ -270,6 +270,6 @@ def test_player_runs_in_the_built_book(browser):
     assert len(arrows(browser, player)) == 4            # step 1: every rank sends one chunk
     browser.save_screenshot(str(html.parent.parent / "book-player-screenshot.png"))
     assert js_errors(browser) == []
-    for other in sorted(html.glob("*.html")):           # every chapter loads cleanly
+    for other in sorted(html.rglob("*.html")):           # every chapter loads cleanly
         browser.get(other.as_uri())
         assert js_errors(browser) == [], other.name
