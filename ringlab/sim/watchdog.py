@@ -15,6 +15,7 @@ import traceback
 
 from ..comm import Comm
 from ..errors import said
+from .budget import Budget
 
 
 class Interrupt(BaseException):
@@ -50,7 +51,8 @@ def _woken(signum, frame):
 
 
 class Watchdog:
-    """Interrupts the thread running the world after ``seconds``.
+    """Interrupts the thread running the world after ``seconds`` of CPU time
+    (at most four times as many of wall time: see ``budget.py``).
 
     The interrupt is an asynchronous exception, which Python raises between
     two bytecodes, so a program stuck in one long C call (``time.sleep(60)``,
@@ -82,7 +84,11 @@ class Watchdog:
 
     def _watch(self):
         global _give_up
-        wait, fires = self.seconds, -1
+        budget = Budget(self.seconds)   # CPU seconds, not wall seconds: see budget.py
+        while not budget.over():
+            if self.stop.wait(min(1.0, max(budget.left(), 0.001))):
+                return
+        wait, fires = 0.0, -1
         while not self.stop.wait(wait):
             wait, fires = self.REPEAT, fires + 1
             with self.lock:

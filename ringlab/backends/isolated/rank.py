@@ -28,6 +28,7 @@ def rank_main(conn, program_bytes, memory_mb, banned=()):
     os.setpgrp()                     # its own process group: the grader kills it and its children
     sandbox.limit(memory_mb)
     sandbox.malloc_returns_memory()
+    sandbox.warm_up()
     # What a rank prints goes nowhere: the grader's console is the instructor's,
     # and a printed "All test cases passed!" there would be a forgery.
     devnull = os.open(os.devnull, os.O_WRONLY)

@@ -21,10 +21,11 @@ import os
 import pickle
 import select
 import struct
-import time
 import traceback
 
-GRACE = 5.0           # seconds past a run's time limit before the child is killed
+from ...sim.budget import Budget
+
+GRACE = 5.0           # CPU seconds past a run's time limit before the child is killed
 START = 60.0          # seconds the child may take before its first run
 
 _PIPE = [None]        # in the child: the write end of its pipe to the parent
@@ -75,12 +76,16 @@ def run_apart(grade, timed_out, died):
 
 
 def _wait(pid, read, timed_out, died):
-    label, limit, deadline = None, None, time.monotonic() + START
+    # The child's time counts in CPU seconds, as its watchdog's do (see sim/budget.py):
+    # on a busy machine a right program is not killed for waiting for a core.
+    label, limit, budget = None, None, Budget(START, pid)
     buffer = b""
     while True:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready, _, _ = select.select([read], [], [], left)
+        left = None if budget is None else budget.left()
+        ready, _, _ = select.select([read], [], [], None if left is None else min(left, 1.0))
         if not ready:
+            if not budget.over():
+                continue
             _kill(pid)
             return timed_out(label, limit)
         chunk = os.read(read, 1 << 16)
@@ -101,7 +106,7 @@ def _wait(pid, read, timed_out, died):
             if message[0] == "beat":
                 _, what, limit = message
                 label = what if what is not None else label
-                deadline = None if limit is None else time.monotonic() + limit + GRACE
+                budget = None if limit is None else Budget(limit + GRACE, pid)
             else:
                 os.waitpid(pid, 0)
                 if message[0] == "result":
