@@ -442,7 +442,8 @@ def _carried(case, e, payload, idx):
         return None, bad(f"{where} queries (rank {queries[0]}'s q)",
                          hint="In ring attention the queries stay home; K and V travel.")
     origins = sorted({o for o, _ in found})
-    if not found:
+    unknown = payload.size - sum(found.values())
+    if not found or (unknown > 0 and size not in found.values()):
         return None, bad(f"{where} {payload.size} values of dtype {payload.dtype} that are no "
                          f"K/V block (partial outputs, scores, a converted copy?)",
                          hint="Send K and V exactly as they are (np.stack([k, v]), or two "
@@ -453,9 +454,9 @@ def _carried(case, e, payload, idx):
                          hint="Each hop passes on exactly the one block you hold: the one "
                               "you received in the hop before (your own in the first).")
     part = next(((b, n) for b, n in found.items() if n != size), None)
-    if part or payload.size != size * len(found):
+    if part or unknown:
         what = (f"{part[1]} of the {size} values of rank {part[0][0]}'s {part[0][1]}" if part
-                else f"{payload.size - size * len(found)} values besides whole blocks")
+                else f"{unknown} values besides whole blocks")
         return None, bad(f"{where} {what}",
                          hint="Send each block whole, as it is: no pieces, headers or padding.")
     return set(found), None
