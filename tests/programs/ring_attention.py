@@ -231,6 +231,26 @@ def allgather_by_hand(comm, q, k, v, causal):
                             r, causal)
 
 
+def allgather_lean(comm, q, k, v, causal):
+    """The ring's messages, received straight into one array of the whole sequence's
+    K and V (no copies), then attention block by block: as little memory as a
+    gather can take."""
+    c, r = comm.world_size, comm.rank
+    n = q.shape[2]
+    kv = np.empty((c, 2) + k.shape)
+    kv[r, 0], kv[r, 1] = k, v
+    for t in range(c - 1):
+        req = comm.isend(kv[(r - t) % c], (r + 1) % c)
+        comm.recv((r - 1) % c, out=kv[(r - t - 1) % c])
+        req.wait()
+    out = lse = None
+    q_pos = np.arange(r * n, (r + 1) * n)
+    for j in range(c if not causal else r + 1):
+        block = _block(q, kv[j, 0], kv[j, 1], q_pos, np.arange(j * n, (j + 1) * n), causal)
+        out, lse = _merge(out, lse, *block)
+    return out
+
+
 def whole_sequence(comm, q, k, v, causal):
     """Each hop sends everything the rank holds so far: a gather in c - 1 hops."""
     c, r = comm.world_size, comm.rank

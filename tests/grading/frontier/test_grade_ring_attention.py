@@ -71,8 +71,9 @@ def test_wrong_programs_fail_with_the_mistake_named(program, check, phrases):
 CHEATS = [
     (P.allgather_library, "K/V travel one block per hop, never gathered",
      ["'ring_allgather': K/V gathered with an AllGather", "all-gather context parallelism"]),
-    (P.allgather_by_hand, MEMORY, ["memory measured", "K/V blocks of 8192 bytes",
+    (P.allgather_by_hand, MEMORY, ["memory measured", "K/V blocks of",
                                    "the whole sequence's K and V: 16 blocks", "at most 14"]),
+    (P.allgather_lean, MEMORY, ["the whole sequence's K and V: 16 blocks"]),
     (P.whole_sequence, CONTENTS, ["at step 2 rank 0 sent rank 1 blocks of ranks 0, 3 in one "
                                   "message: a gather of the sequence"]),
     (P.globals_numpy, "every rank passes on c - 1 K/V blocks",
@@ -139,7 +140,8 @@ def test_the_grader_counts_what_the_reference_sends():
     measured = list(RA.cases(np.random.default_rng(0)))[-1]
     size = RA.block_bytes(measured)
     for program, low, high in [(library.ring_attention, 0, RA.MEMORY_BLOCKS),
-                               (P.allgather_by_hand, 2 * measured.world_size, None)]:
+                               (P.allgather_by_hand, 2 * measured.world_size, None),
+                               (P.allgather_lean, 2 * measured.world_size, None)]:
         res, failure = RA.run(program, measured, "sim")
         peaks = [out[1][0] / size for out in res.outputs]
         assert failure is None and all(low <= p and (high is None or p <= high) for p in peaks)
