@@ -286,3 +286,26 @@ def globals_and_ring(comm, q, k, v, causal):
 
 def calls_reference(comm, q, k, v, causal):
     return reference(comm, q, k, v, causal)
+
+
+def skips_in_both(comm, q, k, v, causal):
+    """Later ranks' blocks skipped even with causal=False."""
+    return solution(comm, q, k, v, causal) if causal else _ring_skip_unmasked(comm, q, k, v)
+
+
+def _ring_skip_unmasked(comm, q, k, v):
+    c, r = comm.world_size, comm.rank
+    n = q.shape[2]
+    kv, state = np.stack([k, v]), None
+    for t in range(c):
+        origin = (r - t) % c
+        if origin <= r:
+            state = _lse_merge(state, _block(q, kv[0], kv[1], np.arange(n), np.arange(n), False))
+        if t < c - 1:
+            kv = comm.sendrecv(kv, (r + 1) % c, (r - 1) % c)
+    return state[0]
+
+
+def diagonal_unmasked(comm, q, k, v, causal):
+    """Causal: earlier blocks whole, the own block without its triangle."""
+    return _ring_skip_unmasked(comm, q, k, v) if causal else solution(comm, q, k, v, causal)

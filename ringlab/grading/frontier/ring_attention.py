@@ -192,6 +192,8 @@ def mask(case, r, rule="global"):
         return keys[None, :] % n <= np.arange(n)[:, None]
     if rule == "strict":
         return keys[None, :] < positions(case, r)[:, None]
+    if rule == "blocks":               # whole blocks up to the rank's own, none masked
+        return np.repeat(keys[None, :] // n <= r, n, axis=0)
     if rule == "future":               # the diagonal block masked, every other block seen
         return (keys[None, :] // n != r) | (keys[None, :] % n <= np.arange(n)[:, None])
     return keys[None, :] <= positions(case, r)[:, None]
@@ -272,11 +274,10 @@ def _masked(case, r, allowed, scale=None):
 
 
 def _without(case, o, r):
-    """Rank r's output without rank o's block (rank r's own if o = r: then unchanged)."""
+    """Rank r's output without rank o's block (its own if o = r)."""
     n = case.info["dims"][2]
     allowed = mask(case, r).copy()
-    if o != r:
-        allowed[:, o * n:(o + 1) * n] = False
+    allowed[:, o * n:(o + 1) * n] = False
     return _masked(case, r, allowed)
 
 
@@ -320,8 +321,8 @@ def mistakes(case):
                   "Attend your queries to every block you hold, hop by hop, and merge each."))
     found += _mask_mistakes(case)
     found += [(f"without {o}", functools.partial(_without, case, o),
-               f"rank {o}'s block left out: it never reached this rank (fewer than c - 1 "
-               f"hops?) or was not attended to",
+               f"rank {o}'s block left out: never received (fewer than c - 1 hops?) or "
+               f"not attended to",
                "Make c - 1 hops, and attend to every block you hold (in the causal case "
                "every block from an earlier rank, and your own).")
               for o in range(case.world_size)]
@@ -335,10 +336,14 @@ def mistakes(case):
 
 def _mask_mistakes(case):
     """The mask's mistakes, in the causal case; a mask where there is none otherwise."""
+    upto = lambda r: _masked(case, r, mask(case, r, "blocks"))    # noqa: E731
     if not case.info["causal"]:
         return [("mask", lambda r: _masked(case, r, mask(case, r, "causal")),
                  "a causal mask applied, with causal=False",
-                 "Mask only when causal is true; otherwise every query sees every key.")]
+                 "Mask only when causal is true; otherwise every query sees every key."),
+                ("skipped", upto, "later ranks' blocks skipped, with causal=False",
+                 "Only the causal mask makes a later rank's block all future; without it "
+                 "every query sees every block.")]
     return [("local", lambda r: _masked(case, r, mask(case, r, "local")),
              "the causal mask applied with positions inside each block (key j <= query i, "
              "local indices) instead of global positions", MASK),
@@ -350,6 +355,8 @@ def _mask_mistakes(case):
              "<= its own", MASK),
             ("no mask", lambda r: _masked(case, r, np.ones_like(mask(case, r))),
              "no causal mask, with causal=True", MASK),
+            ("diagonal", upto, "the rank's own block attended to without the mask: its "
+             "queries saw the later keys of their own block", MASK),
             # Passed right and counted left, or the other way: the same (held, counted)
             # pairs, and the merge does not depend on the order.
             ("origins", functools.partial(_swapped_origins, case, way=1),
@@ -376,12 +383,15 @@ def wrong_output(case, r, outputs, want):
                      "with no key seen yet has lse = -inf: give its block weight 0, never "
                      "divide by a zero sum.")
         return fail
-    for name, make, words, hint in mistakes(case):
-        other = make(r)
-        if not close(other, want[r]) and close(out, other):
-            fail.what = f"rank {r}'s output is wrong ({where}): {words}{also}"
-            fail.hint = hint
-            return fail
+    known = [(words, hint, make) for _, make, words, hint in mistakes(case)
+             if not close(make(r), want[r]) and close(out, make(r))]
+    # The mistake that explains every rank's output, else the first that explains rank r's.
+    every = [k for k in known if all(close(o, k[2](j)) for j, o in enumerate(outputs))]
+    if known:
+        words, hint, _ = (every or known)[0]
+        fail.what = f"rank {r}'s output is wrong ({where}): {words}{also}"
+        fail.hint = hint
+        return fail
     rows = np.any(np.abs(out - want[r]) > TOLERANCE, axis=(0, 1, 3))
     fail.what = (f"rank {r}'s output is wrong, {where}; wrong at {int(rows.sum())} of its "
                  f"{n} queries{also}")

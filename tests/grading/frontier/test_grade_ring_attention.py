@@ -54,6 +54,8 @@ WRONG = [
     (P.no_scale, RESULT, ["not scaled by 1/sqrt(head_dim)"]),
     (P.one_hop_short, RESULT, ["rank 3's output is wrong", "rank 0's block left out",
                                "fewer than c - 1 hops"]),
+    (P.skips_in_both, RESULT, ["later ranks' blocks skipped, with causal=False"]),
+    (P.diagonal_unmasked, RESULT, ["own block attended to without the mask"]),
     (P.naive_exp, RESULT, ["large scores", "nan or inf", "subtract the running max"]),
 ]
 
