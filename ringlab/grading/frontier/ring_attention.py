@@ -32,7 +32,7 @@ memory (8 ranks, head_dim large next to n: K/V dominate, the shape drawn too):
 7. volume: every rank sends the K and V of c - 1 blocks (its own and the
    c - 2 it received before the last hop), 2(c-1) b h n d x 8 bytes, causal
    or not (the ring moves in lock-step), and so receives every other rank's;
-8. memory, measured per rank with tracemalloc (the ZeRO graders' probe):
+8. memory, measured per rank with tracemalloc (``kit/memory.py``, as for ZeRO):
    at most 2c - 2 = 14 K/V blocks' worth above the inputs (the ring's
    programs hold 7 to 9), while a rank that keeps every block, or gathers
    K and V, holds the whole sequence's 2c = 16 and more.
@@ -53,7 +53,7 @@ from ..kit.driver import callable_learner
 from ..kit.frames import without_grader_frames
 from ..kit.report import Case, Failure, numbers
 from ..kit.running import check_outputs_shape, run_case
-from ..zero._measured import Ledger, MemoryProbe, tampered
+from ..kit.memory import Ledger, MemoryProbe, tampered
 
 NAME = "ring_attention"
 # Every rank's result needs every rank's data in the non-causal case, which the
