@@ -45,6 +45,7 @@ stacked; no message carries the whole sequence.
 
 import numpy as np
 
+from ..answers import answer
 from .blockwise import block_attention, block_attention_backward, causal_pairs, merge
 from .layout import positions
 
@@ -96,6 +97,7 @@ class RingAttention:
     def _pairs(self, q_pos, k_pos):
         return causal_pairs(q_pos, k_pos) if self.causal else len(q_pos) * len(k_pos)
 
+    @answer("ring_attention")
     def forward(self, q, k, v):
         comm, c, r = self.comm, self.comm.world_size, self.comm.rank
         n = q.shape[2]
@@ -149,6 +151,7 @@ class RingAttention:
         return dq, dkv[0], dkv[1]
 
 
+@answer("ring_attention")
 def ring_attention(comm, q, k, v, causal):
     """This rank's output block of attention over the whole sequence, from its
     q, k, v blocks (batch, heads, s/c, head_dim), the sequence laid out
@@ -158,6 +161,7 @@ def ring_attention(comm, q, k, v, causal):
     return RingAttention(comm, causal, "contiguous").forward(q, k, v)
 
 
+@answer("ring_attention")
 def zigzag_ring_attention(comm, q, k, v):
     """Causal ring attention with the zig-zag layout: rank r's blocks hold chunks
     r and 2c-1-r of the sequence (``layout``), which balances the causal work."""

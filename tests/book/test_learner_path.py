@@ -295,6 +295,9 @@ TRY_IT = {
                                                + ["ring_allgather", "ring_reduce_scatter"] * 3))],
     "19_hierarchical_allreduce": [all_of(is_true("the sum on every rank"), hierarchical_bytes,
                                          hierarchical_time)],
+    # c = 4 ranks pass on the K and V of c - 1 blocks, (b, h, n, d) = (1, 2, 4, 8), 8 bytes each
+    "20_ring_attention": [all_of(bytes_per_rank([2 * (4 - 1) * 1 * 2 * 4 * 8 * 8] * 4),
+                                 says("messages per rank: [3, 3, 3, 3]"))],
 }
 
 

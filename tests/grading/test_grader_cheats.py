@@ -24,6 +24,7 @@ from ringlab.trace import Event, Trace
 
 import programs.hierarchical as HP
 import programs.pipeline as P
+import programs.ring_attention as RA
 import programs.zero as Z
 
 SHARED = {}     # what a cheat shares between ranks without messages
@@ -415,6 +416,10 @@ CHEATS = [
      ["nor one rank's shard of the parameters"]),
     ("zero3_step", Z.z3_gather_all_up_front, "memory: peak per rank within ZeRO-3's bound",
      ["times its largest unit"]),
+    ("ring_attention", RA.globals_numpy, "every rank passes on c - 1 K/V blocks",
+     ["rank 0 sent nothing"]),
+    ("ring_attention", RA.allgather_by_hand, "memory: peak per rank, measured",
+     ["the whole sequence's K and V: 16 blocks"]),
 ]
 
 
@@ -424,6 +429,7 @@ CHEATS = [
 def test_cheats_fail(exercise, program, check, phrases):
     SHARED.clear()
     HP.SHARED.clear()
+    RA.SHARED.clear()
     report = ringlab.grade(exercise, program, seed=0, log=False)
     text = str(report)
     assert not report.passed and check in report.failure.check, text

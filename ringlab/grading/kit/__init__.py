@@ -3,5 +3,6 @@ case), ``checks`` (trace checks and the integrity of the grader's modules),
 ``blocks`` and ``sums`` / ``contributions`` (what a message's payload holds),
 ``causality`` (a message carries only what its sender knew), ``deadlock``
 (diagnoses), ``apart`` (the self-check in a process of its own), ``driver``
-(what a grader's driver uses inside the ranks) and ``frames`` (tracebacks
-without the grader's own lines)."""
+(what a grader's driver uses inside the ranks), ``memory`` (what a rank's
+own code allocates, measured) and ``frames`` (tracebacks without the
+grader's own lines)."""
