@@ -283,7 +283,8 @@ class Plan:
         self.tokens = [[[int(t) for i in range(d * per, d * per + per)
                          for t in np.flatnonzero(g[:, i])] for d in range(e)] for g in gates]
         self.outputs = [[[expert_rows(w1[i], w2[i], self.x[d][t])
-                          for i in range(s * per, s * per + per) for t in np.flatnonzero(gates[d][:, i])]
+                          for i in range(s * per, s * per + per)
+                          for t in np.flatnonzero(gates[d][:, i])]
                          for d in range(e)] for s in range(e)]
         self.gates = gates
 
@@ -387,7 +388,8 @@ def _broadcast(result, case, plan):
                 if p.shape[1] > width else ""
             return Failure(case.label, "no token goes to a rank that does not hold its expert",
                            f"rank {s} sent every rank all its {n} tokens; at step {ev.step} "
-                           f"rank {d} got them{extra}: only {len(plan.tokens[s][d])} row(s) go to rank {d}'s "
+                           f"rank {d} got them{extra}: only {len(plan.tokens[s][d])} row(s) "
+                           f"go to rank {d}'s "
                            f"experts ({', '.join(map(str, plan.owned(d)))})",
                            expected=f"rank {s}'s tokens {plan.tokens[s][d]} only, after the "
                                     f"counts", got=f"shape {p.shape}: {numbers(p)}",
@@ -412,7 +414,8 @@ def _rows_message(result, case, plan, ev, used):
     for kind, rows in (("tokens", plan.tokens[s][d]), ("outputs", plan.outputs[s][d])):
         if (s, d, kind) in used:
             continue
-        want = plan.x[s][rows] if kind == "tokens" else np.array(rows).reshape(-1, plan.x[s].shape[1])
+        width = plan.x[s].shape[1]
+        want = plan.x[s][rows] if kind == "tokens" else np.array(rows).reshape(-1, width)
         if _same_rows(p, want, exact=kind == "tokens"):
             used.add((s, d, kind))
             return None
@@ -556,7 +559,7 @@ def _computed(rows, case):
                                f"expert {i} (on rank {r}) computed {m} rows; {want} "
                                f"assignments go to it",
                                expected=f"{want} rows: tokens per expert "
-                                        f"{[int(sum(c[k] for c in plan.counts)) for k in range(len(plan.counts[0]))]}",
+                                        f"{np.sum(plan.counts, axis=0).tolist()}",
                                got=f"{m} rows",
                                hint="Apply expert i once to the rows routed to it (from every "
                                     "rank), not to everything that arrived.")
