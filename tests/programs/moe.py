@@ -97,6 +97,42 @@ def all_counts(comm, tokens, gates, expert):
                 counts_of=lambda c: [np.concatenate(c)] * e)
 
 
+def pairwise_float_counts(comm, tokens, gates, expert):
+    """sendrecv with shift partners, counts as floats, empty blocks travel too."""
+    e, me = comm.world_size, comm.rank
+    E = gates.shape[1]
+    per = E // e
+    rows = [np.flatnonzero(gates[:, i]) for i in range(E)]
+
+    def own(r):
+        return range(r * per, r * per + per)
+    counts = {r: np.array([len(rows[i]) for i in own(r)], dtype=float) for r in range(e)}
+    got = {me: counts[me].astype(int)}
+    for k in range(1, e):
+        dst, src = (me + k) % e, (me - k) % e
+        got[src] = comm.sendrecv(counts[dst], dst, src).astype(int)
+    blocks = {r: np.concatenate([tokens[rows[i]] for i in own(r)]) for r in range(e)}
+    arrived = {me: blocks[me]}
+    for k in range(1, e):
+        dst, src = (me + k) % e, (me - k) % e
+        arrived[src] = comm.sendrecv(blocks[dst], dst, src)
+    outs = {}
+    for j, i in enumerate(own(me)):
+        parts = [np.split(arrived[s], np.cumsum(got[s])[:-1])[j] for s in range(e)]
+        o = expert(i, np.concatenate(parts))
+        for s, part in enumerate(np.split(o, np.cumsum([len(p) for p in parts])[:-1])):
+            outs.setdefault(s, []).append(part)
+    back = {me: np.concatenate(outs[me])}
+    for k in range(1, e):
+        dst, src = (me + k) % e, (me - k) % e
+        back[src] = comm.sendrecv(np.concatenate(outs[dst]), dst, src)
+    y = np.zeros_like(tokens)
+    for r in range(e):
+        for i, part in zip(own(r), np.split(back[r], np.cumsum(counts[r].astype(int))[:-1])):
+            y[rows[i]] += gates[rows[i], i][:, None] * part
+    return y
+
+
 # ================================================================ wrong
 def no_gate(comm, tokens, gates, expert):
     """The outputs summed without their gates."""
@@ -203,3 +239,11 @@ def local_from_globals(comm, tokens, gates, expert):
 def allgather_everything(comm, tokens, gates, expert):
     """No routing at all: every rank gathers every token, applies its experts."""
     return everything_to_everyone(comm, tokens, gates, expert)
+
+
+def nan_row(comm, tokens, gates, expert):
+    """Right, but for a NaN in the first row (NaN compares False with everything)."""
+    y = _moe(comm, tokens, gates, expert)
+    if len(y):
+        y[0, 0] = np.nan
+    return y

@@ -187,7 +187,8 @@ def _returned(outputs, case):
 
 def _values(outputs, case):
     for r, (out, want) in enumerate(zip(outputs, expected(case))):
-        bad = np.flatnonzero((np.abs(out - want) > TOL * (1 + np.abs(want))).any(axis=1))
+        # "not within", so that a NaN (every comparison False) is wrong too
+        bad = np.flatnonzero(~(np.abs(out - want) <= TOL * (1 + np.abs(want))).all(axis=1))
         if not len(bad):
             continue
         # The explanation most wrong tokens share (a dropped assignment can make two
@@ -401,7 +402,7 @@ def _broadcast(result, case, plan):
 
 
 def _is_counts(p, want, every):
-    if not isinstance(p, np.ndarray) or p.dtype.kind not in "iuf" or p.ndim > 1:
+    if not isinstance(p, np.ndarray) or p.dtype.kind not in "iuf":
         return False
     flat = p.reshape(-1)
     return any(len(flat) == len(w) and np.array_equal(flat, w) for w in (want, every))

@@ -19,7 +19,8 @@ from ringlab.nn import MoE
 import programs.moe as P
 
 ID = "moe_dispatch_combine"
-RIGHT = [P.reference, P.solution, P.empty_blocks_too, P.tokens_in_reverse, P.all_counts]
+RIGHT = [P.reference, P.solution, P.empty_blocks_too, P.tokens_in_reverse, P.all_counts,
+         P.pairwise_float_counts]
 VALUES = "every rank returns y = sum_i gates[t, i] * expert_i(x_t)"
 NOWHERE = "no token goes to a rank that does not hold its expert"
 # (program, check, phrases in the report)
@@ -45,6 +46,7 @@ WRONG = [
      ["rank 0 sent every rank all its 6 tokens", "8 more columns each: their gates?",
       "only 4 row(s) go to rank 1's experts (2, 3)", "keep the gates home"]),
     (P.local_from_globals, "a counts exchange first", ["rank 0 sent rank 1 nothing"]),
+    (P.nan_row, VALUES, ["rank 0: 1 of 6 tokens wrong, the first token 0", "[nan,"]),
 ]
 
 
