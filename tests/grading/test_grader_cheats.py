@@ -23,6 +23,7 @@ from ringlab.grading.kit.loop import grade_cases
 from ringlab.trace import Event, Trace
 
 import programs.hierarchical as HP
+import programs.moe as MP
 import programs.pipeline as P
 import programs.zero as Z
 
@@ -415,6 +416,12 @@ CHEATS = [
      ["nor one rank's shard of the parameters"]),
     ("zero3_step", Z.z3_gather_all_up_front, "memory: peak per rank within ZeRO-3's bound",
      ["times its largest unit"]),
+    ("moe_dispatch_combine", MP.zeros_and_shared_memory,
+     "only tokens and their outputs travel, after the counts",
+     ["rows that are not exactly rank 0's tokens routed to rank 1"]),
+    ("moe_dispatch_combine", MP.everything_to_everyone,
+     "no token goes to a rank that does not hold its expert",
+     ["rank 0 sent every rank all its 6 tokens"]),
 ]
 
 
