@@ -134,7 +134,8 @@ def drive(comm, inp, per, learner):
 
     def expert(i, block):
         if not isinstance(i, (int, np.integer)) or not first <= i < first + per:
-            raise ValueError(f"{MISUSE}: rank {comm.rank} called expert({i!r}, ...), but it "
+            i = int(i) if isinstance(i, (int, np.integer)) else repr(i)[:40]
+            raise ValueError(f"{MISUSE}: rank {comm.rank} called expert({i}, ...), but it "
                              f"holds experts {first}..{first + per - 1} only: send the tokens "
                              f"to the rank that holds expert {i}")
         if (type(block) is not np.ndarray or block.dtype != np.float64 or block.ndim != 2
