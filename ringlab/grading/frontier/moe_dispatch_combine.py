@@ -254,8 +254,9 @@ def _mixed_up(case, r, t, got, mine, outs):
     values = {(int(s), int(i)): expert_rows(w1[i], w2[i], x[s]) for s, i in pairs}
     for combo in itertools.product(values, repeat=len(mine)):
         row = sum(gates[t, i] * values[c] for i, c in zip(mine, combo))
-        if np.allclose(row, got, rtol=1e-9, atol=1e-12):
-            (s, j), i = next((c, i) for i, c in zip(mine, combo) if c != (t, i))
+        wrong = [(c, i) for i, c in zip(mine, combo) if c != (t, i)]
+        if wrong and np.allclose(row, got, rtol=1e-9, atol=1e-12):
+            (s, j), i = wrong[0]
             who = f"token {s}" if s != t else "this token"
             return (f"its share of expert {i} (gate {gates[t, i]:.6g}) is expert {j}'s output "
                     f"for {who}",
@@ -321,11 +322,11 @@ def messages(result, case):
     return None
 
 
-COUNTS_HINT = ("Before any token moves, every rank tells every other rank how many of its rows "
-               "go to each of that rank's experts (an AlltoAll of counts: alltoall(comm, "
-               "[counts for rank d's experts, for each d])), zeros included: the receiver "
-               "needs them to size its buffers and to split what arrives by expert, since "
-               "routing changes every step.")
+COUNTS_HINT = ("Before any token moves, every rank tells every other rank, directly, how "
+               "many of its rows go to each of that rank's experts (an AlltoAll of counts: "
+               "alltoall(comm, [counts for rank d's experts, for each d])), zeros included: "
+               "the receiver needs them to size its buffers and to split what arrives by "
+               "expert, since routing changes every step.")
 
 
 def _counts(result, case, plan, s, d, events):
