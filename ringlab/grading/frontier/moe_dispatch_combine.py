@@ -356,9 +356,14 @@ def _counts(result, case, plan, s, d, events):
                        hint="A token over its expert's capacity is dropped: its gate for that "
                             "expert is 0. Route by the nonzero gates, not by the k largest "
                             "(np.argsort): a dropped token does not travel, nor is it counted.")
-    if isinstance(p, np.ndarray) and p.ndim == 2 and len(p):
+    width = plan.x[s].shape[1]
+    if isinstance(p, np.ndarray) and p.dtype.kind == "f" and p.ndim == 2 and p.shape[1] == width \
+            and len(p) and not np.array_equal(p, np.round(p)):
         what = (f"rows (shape {p.shape}) before any counts: the counts exchange was "
                 f"skipped")
+    elif isinstance(p, np.ndarray) and p.ndim == 2 and len(p) > 1 and p.shape[1] == len(want):
+        what = (f"{numbers(p, 8)} (shape {p.shape}): the counts of several ranks, as a ring "
+                f"AlltoAll forwards them, not straight from rank {s} to rank {d}")
     else:
         what = f"{numbers(p, 8)} (shape {np.shape(p)}), not its counts"
     return Failure(case.label, "a counts exchange first",
