@@ -7,7 +7,7 @@ rank's experts i.
 
 import numpy as np
 
-from ringlab.collectives import alltoall
+from ringlab.collectives import alltoall, ring_alltoall
 from ringlab.frontier.expert_parallel import moe_dispatch_combine as _reference
 
 SHARED = {}     # what a cheat shares between ranks without messages
@@ -159,6 +159,16 @@ def skips_counts(comm, tokens, gates, expert):
             i = d * per + j
             y[rows[i]] += gates[rows[i], i][:, None] * back[d]
     return y
+
+
+def ring_counts(comm, tokens, gates, expert):
+    """The counts by a ring AlltoAll (forwarded by the ranks between), then right."""
+    e = comm.world_size
+    per = gates.shape[1] // e
+    rows = [np.flatnonzero(gates[:, i]) for i in range(gates.shape[1])]
+    ring_alltoall(comm, [np.array([len(rows[i]) for i in range(d * per, d * per + per)])
+                         for d in range(e)])
+    return _moe(comm, tokens, gates, expert)
 
 
 def argsort_top_k(comm, tokens, gates, expert):

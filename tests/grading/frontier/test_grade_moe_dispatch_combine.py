@@ -31,6 +31,8 @@ WRONG = [
     (P.skips_counts, "a counts exchange first",
      ["rank 0's first message to rank 1 carries rows", "the counts exchange was skipped",
       "rank 0's counts for rank 1's experts 2, 3: [2, 2]"]),
+    (P.ring_counts, "a counts exchange first",
+     ["the counts of several ranks, as a ring AlltoAll forwards them", "directly"]),
     (P.argsort_top_k, "dropped tokens are not sent",
      ["they count the assignments the capacity dropped", "not by the k largest"]),
     (P.residual_for_dropped, VALUES, ["were all dropped by capacity, and it got the token itself",
