@@ -264,7 +264,7 @@ def zeros_and_shared_memory(comm, tokens, gates, expert):
     the result from the other ranks' experts, reached through a module-level dict."""
     SHARED[comm.rank] = expert
     comm.barrier()
-    e, me = comm.world_size, comm.rank
+    e = comm.world_size
     per = gates.shape[1] // e
     rows = [np.flatnonzero(gates[:, i]) for i in range(gates.shape[1])]
     counts = [np.array([len(rows[i]) for i in range(d * per, d * per + per)]) for d in range(e)]
