@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..answers import answer
 from ..collectives import alltoall, ring_allreduce
 from ..comm import collective
 from ..nn import Module
@@ -66,6 +67,7 @@ def experts_of(rank, n_experts, e):
 
 # -- AlltoAll of uneven sizes -----------------------------------------------------------
 
+@answer("moe_dispatch_combine")
 @collective
 def alltoallv(comm, blocks, recv_rows):
     """Send ``blocks[d]`` (rows x width) to rank d, receive ``recv_rows[s]`` rows
@@ -110,6 +112,7 @@ def _check(comm, tokens, gates):
                          f"{e} expert-parallel ranks")
 
 
+@answer("moe_dispatch_combine")
 def dispatch(comm, tokens, gates):
     """Send each token to the ranks of its experts (nonzero ``gates``; a token
     goes once to each of its experts). Returns ``(plan, inputs)``: ``inputs[j]``,
@@ -131,6 +134,7 @@ def dispatch(comm, tokens, gates):
     return Plan(rows, counts, recv), inputs
 
 
+@answer("moe_dispatch_combine")
 def send_back(comm, plan, outputs, span="ep.combine"):
     """The way back: ``outputs[j]`` (rows of my j-th expert, in ``dispatch``'s
     order) to the ranks they came from. Returns ``back[i]``: the rows for my
@@ -148,6 +152,7 @@ def send_back(comm, plan, outputs, span="ep.combine"):
     return back
 
 
+@answer("moe_dispatch_combine")
 def combine(comm, plan, outputs, gates):
     """``send_back`` and the gated sum: ``y[t] = sum_i gates[t, i] * out_i[t]``, the
     experts in ascending order. Returns ``(y, back)``."""
@@ -159,6 +164,7 @@ def combine(comm, plan, outputs, gates):
     return y, back
 
 
+@answer("moe_dispatch_combine")
 def moe_dispatch_combine(comm, tokens, gates, expert):
     """Route this rank's tokens to their experts' ranks and bring the gated
     results back: the reference answer of the exercise ``moe_dispatch_combine``.

@@ -252,6 +252,18 @@ def hierarchical_time(text):
     assert abs(took - closed) <= 1e-4, text
 
 
+def moe_dispatch_bytes(text):
+    # 4 ranks, 8 experts, top-2, 6 tokens each, capacity 2 per expert and rank; d = 3:
+    # each rank sends 3 messages of 2 counts (16 bytes), then 3 x 8 = 24 bytes per row
+    per_expert = ast.literal_eval(after("tokens per expert", text))
+    kept, total = map(int, re.fullmatch(r"(\d+) of (\d+)", after("assignments kept", text)).groups())
+    assert len(per_expert) == 8 and max(per_expert) <= 4 * 2 and sum(per_expert) == kept <= total == 48
+    assert ast.literal_eval(after("count messages per rank", text)) == [3] * 4
+    rows = ast.literal_eval(after("rows sent per rank (tokens out, outputs back)", text))
+    assert sum(rows) % 2 == 0 and sum(rows) <= 2 * kept      # each row out once, back once
+    assert ast.literal_eval(after("bytes sent per rank", text)) == [3 * 16 + 24 * r for r in rows]
+
+
 def allreduce_bytes(t, elements, count=1):
     """Bytes each rank sends in ``count`` ring AllReduces of ``elements`` float64 over t ranks."""
     return [round(count * 2 * (t - 1) / t * elements * 8)] * t
@@ -298,6 +310,7 @@ TRY_IT = {
     # c = 4 ranks pass on the K and V of c - 1 blocks, (b, h, n, d) = (1, 2, 4, 8), 8 bytes each
     "20_ring_attention": [all_of(bytes_per_rank([2 * (4 - 1) * 1 * 2 * 4 * 8 * 8] * 4),
                                  says("messages per rank: [3, 3, 3, 3]"))],
+    "21_moe_dispatch_combine": [moe_dispatch_bytes],
 }
 
 

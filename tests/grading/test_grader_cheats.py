@@ -23,6 +23,7 @@ from ringlab.grading.kit.loop import grade_cases
 from ringlab.trace import Event, Trace
 
 import programs.hierarchical as HP
+import programs.moe as MP
 import programs.pipeline as P
 import programs.ring_attention as RA
 import programs.zero as Z
@@ -420,6 +421,12 @@ CHEATS = [
      ["rank 0 sent nothing"]),
     ("ring_attention", RA.allgather_by_hand, "memory: peak per rank, measured",
      ["the whole sequence's K and V: 16 blocks"]),
+    ("moe_dispatch_combine", MP.zeros_and_shared_memory,
+     "only tokens and their outputs travel, after the counts",
+     ["rows that are not exactly rank 0's tokens routed to rank 1"]),
+    ("moe_dispatch_combine", MP.everything_to_everyone,
+     "no token goes to a rank that does not hold its expert",
+     ["rank 0 sent every rank all its 6 tokens"]),
 ]
 
 

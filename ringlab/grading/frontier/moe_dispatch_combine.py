@@ -1,0 +1,574 @@
+"""Grader for exercise ``moe_dispatch_combine``: a mixture-of-experts layer's
+dispatch and combine over expert-parallel ranks.
+
+Signature: ``moe_dispatch_combine(comm, tokens, gates, expert) -> array``. The
+E experts sit on the e ranks of the world, E/e consecutive ones each (rank r:
+experts r*E/e .. (r+1)*E/e - 1). ``tokens`` is this rank's (n, d) float64
+tokens (n differs from rank to rank, and may be 0); ``gates`` (n, E) their
+gates, 0 where a token does not go (not among its top k, or dropped by the
+capacity: the gates come from ``ringlab.nn.moe.route(...).dense_gates()``,
+capacity already applied); ``expert(i, x)`` applies expert i, one of this
+rank's, to rows x (m, d). Every rank returns (n, d):
+``y[t] = sum_i gates[t, i] * expert_i(tokens[t])``; a token that every expert
+dropped gets 0.
+
+Checks, on world sizes 1 to 8 with one or two experts per rank, top-1 and
+top-2 gates (both gatings of ``ringlab.nn.moe``), with and without capacity
+(the cases with capacity overflow it: assignments are dropped, some tokens
+entirely), uneven token counts (a rank with no tokens, a rank nobody routes
+to, pairs of ranks with nothing between them), fresh random data:
+
+1. it runs: no exception, deadlock, endless loop or unreceived message; a rank
+   calls ``expert`` only for its own experts, on float64 (m, d) arrays;
+2. every rank returns a plain float64 (n, d) array equal, to rounding, to the
+   same MoE computed here in one process (numpy); a wrong row is explained
+   (no gate weighting, outputs put back on the wrong tokens, a dropped token
+   that is not 0, the gates renormalised, a missing expert);
+3. the messages, read from the recorded payloads (the tokens are random, so
+   each row is known by its values): from every rank s to every rank d != s,
+   first a **counts** message, the integers saying how many of s's rows go to
+   each of d's experts (d's E/e counts, or all E of s's counts), even when
+   they are 0; then at most one message of **tokens**, exactly s's rows routed
+   to d's experts (a token once per expert of d it goes to, in any order,
+   unchanged), and at most one message of **outputs**, exactly s's experts'
+   outputs for d's tokens routed to them; nothing else (an empty block may
+   travel or not). So: no token goes to a rank that does not hold its expert,
+   nor a dropped one; no rank sends all its tokens everywhere; two AlltoAlls
+   of uneven sizes after the counts;
+4. every expert computes exactly the rows routed to it (tokens per expert).
+
+Part 1's collectives are tools here (``alltoall`` for the counts, or the
+blocks); ``ringlab.frontier.expert_parallel`` (the reference, its
+``alltoallv``, ``dispatch`` and ``combine``) is not, under ``ringlab grade``.
+"""
+
+import functools
+import itertools
+
+import numpy as np
+
+from ..kit.driver import callable_learner
+from ..kit.frames import without_grader_frames
+from ..kit.report import Case, Failure, numbers
+from ..kit.running import plain_array, run_case
+from ...frontier import expert_parallel  # noqa: F401  (its answers: ringlab.answers)
+from ...nn.moe import route
+
+NAME = "moe_dispatch_combine"
+# Part 1's collectives are helpers here (an AlltoAll of the counts, or of the blocks).
+USES = ("collectives",)
+# Not DEPENDS_ON_ALL: a rank whose tokens go to no expert of rank j rightly
+# ignores j's input. The causality check still reads every message.
+TOL = 1e-10
+MISUSE = "expert() misused"
+# (ranks e, experts per rank, top k, capacity factor, gating, what is special)
+SHAPES = ((4, 2, 2, 1.0, "topk_softmax", ""),
+          (1, 2, 2, None, "topk_softmax", ""),
+          (2, 1, 1, None, "softmax_topk", ""),
+          (2, 2, 2, 1.25, "topk_softmax", "empty"),
+          (3, 2, 2, 0.5, "topk_softmax", ""),
+          (5, 1, 1, 1.0, "softmax_topk", "empty"),
+          (6, 1, 2, None, "topk_softmax", "shunned"),
+          (7, 1, 1, 1.25, "topk_softmax", "shunned"),
+          (8, 2, 2, 1.0, "softmax_topk", "empty"))
+
+
+# -- cases --------------------------------------------------------------------------------
+
+def cases(rng):
+    for e, per, k, cap, gating, special in SHAPES:
+        yield _case(rng, e, per, k, cap, gating, special)
+
+
+def _case(rng, e, per, k, cap, gating, special):
+    """Tokens, gates (skewed logits: popular experts overflow) and experts."""
+    E, d, h = e * per, int(rng.integers(3, 6)), int(rng.integers(4, 7))
+    counts = [int(c) for c in rng.integers(2, 11, size=e)]
+    if special == "empty":
+        counts[int(rng.integers(0, e))] = 0          # a rank without tokens
+    bias = rng.normal(0, 1.5, size=E)
+    shunned = int(rng.integers(0, e)) if special == "shunned" else None
+    if shunned is not None:                          # nobody routes to this rank's experts
+        bias[shunned * per:(shunned + 1) * per] = -50.0
+    w1, w2 = rng.standard_normal((E, d, h)) / np.sqrt(d), rng.standard_normal((E, h, d))
+    inputs, info = [], dict(experts=(w1, w2), per=per, top_k=k, dropped=[])
+    for r, n in enumerate(counts):
+        x = rng.standard_normal((n, d))
+        routing = route(rng.standard_normal((n, E)) + bias, k, cap, gating)
+        gates = routing.dense_gates()
+        info["dropped"].append([(int(t), int(routing.expert[t, j]))
+                                for t, j in zip(*np.nonzero(~routing.kept))])
+        inputs.append((x, gates, w1[r * per:(r + 1) * per].copy(),
+                       w2[r * per:(r + 1) * per].copy()))
+    label = (f"{e} rank{'s' * (e > 1)} x {per} expert{'s' * (per > 1)}, top-{k} {gating}, "
+             f"capacity factor {cap}, tokens per rank {counts}, d={d}")
+    return Case(e, inputs, label, args=(per,), info=info)
+
+
+def expert_rows(w1, w2, x):
+    """One expert, row by row: tanh(x W1) W2."""
+    return np.tanh(x @ w1) @ w2
+
+
+def expected(case):
+    """Each rank's y, computed here in one process: sum_i gates[:, i] * E_i(x)."""
+    w1, w2 = case.info["experts"]
+    out = []
+    for x, gates, *_ in case.inputs:
+        y = np.zeros_like(x)
+        for i in range(gates.shape[1]):
+            y += gates[:, i:i + 1] * expert_rows(w1[i], w2[i], x)
+        out.append(y)
+    return out
+
+
+# -- what every rank runs ---------------------------------------------------------------
+
+def drive(comm, inp, per, learner):
+    """Rank r's experts as ``expert(i, x)``, the learner's function, and what the
+    experts computed: returns (y, rows computed by each of my experts)."""
+    learner = callable_learner(learner)
+    x, gates, w1, w2 = inp
+    first, d = comm.rank * per, x.shape[1]
+    rows = np.zeros(per, dtype=np.int64)
+
+    def expert(i, block):
+        if not isinstance(i, (int, np.integer)) or not first <= i < first + per:
+            i = int(i) if isinstance(i, (int, np.integer)) else repr(i)[:40]
+            raise ValueError(f"{MISUSE}: rank {comm.rank} called expert({i}, ...), but it "
+                             f"holds experts {first}..{first + per - 1} only: send the tokens "
+                             f"to the rank that holds expert {i}")
+        if (type(block) is not np.ndarray or block.dtype != np.float64 or block.ndim != 2
+                or block.shape[1] != d):
+            raise ValueError(f"{MISUSE}: rank {comm.rank} called expert({i}, x) with "
+                             f"{type(block).__name__} {getattr(block, 'shape', '')} "
+                             f"{getattr(block, 'dtype', '')}: x must be a float64 array of "
+                             f"shape (rows, {d})")
+        rows[i - first] += len(block)
+        return expert_rows(w1[i - first], w2[i - first], block)
+    return learner(comm, x, gates, expert), rows
+
+
+def check(program, case, backend="sim"):
+    result, failure = run_case(functools.partial(drive, learner=program), case, backend)
+    if failure:
+        failure.got = without_grader_frames(failure.got)
+        if MISUSE in failure.what:
+            failure.check = "each rank applies only its own experts"
+            failure.hint = ("expert(i, x) runs only on the rank that holds expert i: rank r "
+                            "holds experts r*E/e .. (r+1)*E/e - 1. Send each token there "
+                            "(dispatch), and its output back (combine).")
+        return failure
+    outputs = [out[0] for out in result.outputs]
+    return (_returned(outputs, case) or _values(outputs, case) or messages(result, case)
+            or _computed([out[1] for out in result.outputs], case))
+
+
+# -- 2. the result ------------------------------------------------------------------------
+
+def _returned(outputs, case):
+    for r, out in enumerate(outputs):
+        shape = case.inputs[r][0].shape
+        failure = plain_array(case, f"rank {r}", out, f"a numpy array of shape {shape}")
+        if failure:
+            return failure
+        if not isinstance(out, np.ndarray) or out.shape != shape:
+            what = (f"an array of shape {out.shape}" if isinstance(out, np.ndarray)
+                    else type(out).__name__)
+            return Failure(case.label, "every rank returns its result",
+                           f"rank {r} returned {what}",
+                           expected=f"a float64 array of shape {shape}: one row per token of "
+                                    f"this rank, in the order of `tokens`",
+                           got=what if isinstance(out, np.ndarray) else repr(out)[:200],
+                           hint="Return y with y[t] = sum_i gates[t, i] * expert_i(tokens[t]): "
+                                "start from np.zeros_like(tokens) and add each expert's gated "
+                                "output into the rows of its tokens.")
+    return None
+
+
+def _values(outputs, case):
+    for r, (out, want) in enumerate(zip(outputs, expected(case))):
+        # "not within", so that a NaN (every comparison False) is wrong too
+        bad = np.flatnonzero(~(np.abs(out - want) <= TOL * (1 + np.abs(want))).all(axis=1))
+        if not len(bad):
+            continue
+        # The explanation most wrong tokens share (a dropped assignment can make two
+        # mistakes look alike on one token), shown on the first token it explains.
+        said = [(int(t), *_explain(case, r, int(t), out[t], want[t])) for t in bad[:12]]
+        hints = [h for _, _, h in said]
+        t, words, hint = next(x for x in said if x[2] == max(hints, key=hints.count))
+        return Failure(case.label, "every rank returns y = sum_i gates[t, i] * expert_i(x_t)",
+                       f"rank {r}: {len(bad)} of {len(out)} tokens wrong, the first token "
+                       f"{t}: {words}",
+                       expected=f"token {t}: {numbers(want[t])}", got=numbers(out[t]),
+                       hint=hint)
+    return None
+
+
+def _explain(case, r, t, got, want):
+    """(what token t's wrong row is, what to try)."""
+    x, gates = case.inputs[r][0], case.inputs[r][1]
+    w1, w2 = case.info["experts"]
+    mine = np.flatnonzero(gates[t])
+    outs = {i: expert_rows(w1[i], w2[i], x[t]) for i in mine}
+    same = lambda a: np.allclose(a, got, rtol=1e-9, atol=1e-12)    # noqa: E731
+    dropped = [i for s, i in case.info["dropped"][r] if s == t]
+    if not len(mine):
+        why = (f"its assignments to experts {', '.join(map(str, dropped))} were all dropped "
+               f"by capacity" if dropped else "it goes to no expert")
+        if same(x[t]):
+            return (f"{why}, and it got the token itself",
+                    "A token that every expert dropped gets 0 from this layer (in a "
+                    "transformer the residual connection carries it past): do not fill it in.")
+        return (f"{why} (all its gates are 0), so its output is 0",
+                "Send a token only to the experts whose gate is nonzero, and leave the rows "
+                "of tokens that go nowhere at 0.")
+    total = gates[t, mine].sum()
+    if (dropped and not np.isclose(total, 1)
+            and same(sum(gates[t, i] / total * outs[i] for i in mine))):
+        return (f"the gates renormalised over the experts it reached (its assignment to "
+                f"expert {dropped[0]} was dropped by capacity)",
+                "Use the gates as they are: a dropped assignment's gate is 0 and the others "
+                "keep theirs (nothing is renormalised).")
+    if same(sum(outs.values())):
+        return ("the experts' outputs summed without their gates",
+                "Weight each expert's output by the token's gate for that expert: "
+                "y[t] += gates[t, i] * out_i[t]. (The gates are the router's weights.)")
+    for i in mine:
+        if same(want - gates[t, i] * outs[i]):
+            owner = i // case.info["per"]
+            own = " (one of this rank's own experts: its rows never travel, but count)" \
+                if owner == r else ""
+            return (f"it lacks expert {i}'s share, on rank {owner}{own}",
+                    f"Every expert with a nonzero gate adds gates[t, i] * out_i[t]; expert "
+                    f"{i}'s output for this token never reached y.")
+    return _mixed_up(case, r, t, got, mine, outs)
+
+
+def _mixed_up(case, r, t, got, mine, outs):
+    """Token t's row as gated outputs of *other* (token, expert) pairs of rank r:
+    the outputs came back and were added to the wrong rows, or gated wrongly."""
+    x, gates = case.inputs[r][0], case.inputs[r][1]
+    w1, w2 = case.info["experts"]
+    pairs = [(s, i) for s, i in zip(*np.nonzero(gates))]
+    values = {(int(s), int(i)): expert_rows(w1[i], w2[i], x[s]) for s, i in pairs}
+    for combo in itertools.product(values, repeat=len(mine)):
+        row = sum(gates[t, i] * values[c] for i, c in zip(mine, combo))
+        wrong = [(c, i) for i, c in zip(mine, combo) if c != (t, i)]
+        if wrong and np.allclose(row, got, rtol=1e-9, atol=1e-12):
+            (s, j), i = wrong[0]
+            who = f"token {s}" if s != t else "this token"
+            return (f"its share of expert {i} (gate {gates[t, i]:.6g}) is expert {j}'s output "
+                    f"for {who}",
+                    "The outputs came back in the order they were sent (by destination rank, "
+                    "expert by expert, and in each the rows in the order you sent them), not "
+                    "in token order: remember which token each sent row was and add each "
+                    "returned row to that token's y, times that token's gate for that expert.")
+    return ("a row that is no gated sum of this rank's experts' outputs",
+            "y[t] = sum over the experts i with gates[t, i] != 0 of gates[t, i] * "
+            "expert_i(tokens[t]): check which rows you send to whom and which rows come back.")
+
+
+# -- 3. the messages ----------------------------------------------------------------------
+
+class Plan:
+    """What must travel in a case: ``counts[s]`` (E,) rows of rank s per expert;
+    ``tokens[s][d]``, the token numbers (one per assignment) of rank s routed to
+    rank d's experts; ``outputs[s][d]``, rank s's experts' outputs for them, as
+    rank s sends them back to d: ``outputs[d][s]`` answers ``tokens[s][d]``."""
+
+    def __init__(self, case):
+        e, per = case.world_size, case.info["per"]
+        w1, w2 = case.info["experts"]
+        gates = [inp[1] for inp in case.inputs]
+        self.per, self.x = per, [inp[0] for inp in case.inputs]
+        self.counts = [(g != 0).sum(axis=0) for g in gates]
+        self.tokens = [[[int(t) for i in range(d * per, d * per + per)
+                         for t in np.flatnonzero(g[:, i])] for d in range(e)] for g in gates]
+        self.outputs = [[[expert_rows(w1[i], w2[i], self.x[d][t])
+                          for i in range(s * per, s * per + per)
+                          for t in np.flatnonzero(gates[d][:, i])]
+                         for d in range(e)] for s in range(e)]
+        self.gates = gates
+
+    def owned(self, d):
+        return range(d * self.per, d * self.per + self.per)
+
+
+def messages(result, case):
+    """Check 3: per ordered pair of ranks, the counts, then the tokens and the outputs."""
+    if result.payloads is None:
+        return None
+    plan, e = Plan(case), case.world_size
+    sent = {}
+    for ev in sorted(result.trace, key=lambda ev: (ev.step, ev.seq)):
+        sent.setdefault((ev.src, ev.dst), []).append(ev)
+    pairs = [(s, d) for s in range(e) for d in range(e) if s != d]
+    failure = _broadcast(result, case, plan)
+    for s, d in pairs:
+        failure = failure or _counts(result, case, plan, s, d, sent.get((s, d), []))
+    if failure:
+        return failure
+    later = sorted((ev for s, d in pairs for ev in sent[s, d][1:]), key=lambda ev: ev.step)
+    used = set()
+    for ev in later:
+        failure = _rows_message(result, case, plan, ev, used)
+        if failure:
+            return failure
+    for s, d in pairs:
+        for kind, rows in (("tokens", plan.tokens[s][d]), ("outputs", plan.outputs[s][d])):
+            if len(rows) and (s, d, kind) not in used:
+                return _missing(case, plan, s, d, kind)
+    return None
+
+
+COUNTS_HINT = ("Before any token moves, every rank tells every other rank, directly, how "
+               "many of its rows go to each of that rank's experts (an AlltoAll of counts: "
+               "alltoall(comm, [counts for rank d's experts, for each d])), zeros included: "
+               "the receiver needs them to size its buffers and to split what arrives by "
+               "expert, since routing changes every step.")
+
+
+def _counts(result, case, plan, s, d, events):
+    """The first message from s to d: s's counts for d's experts (or all E)."""
+    want = plan.counts[s][plan.owned(d)]
+    if not events:
+        return Failure(case.label, "a counts exchange first",
+                       f"rank {s} sent rank {d} nothing: not even how many rows go to its "
+                       f"experts ({len(plan.tokens[s][d])})",
+                       expected=f"first a message of rank {s}'s counts for rank {d}'s experts "
+                                f"{', '.join(map(str, plan.owned(d)))}: {want.tolist()}",
+                       got="no message", hint=COUNTS_HINT)
+    ev = events[0]
+    p = result.payload(ev)
+    if _is_counts(p, want, plan.counts[s]):
+        return None
+    lost = case.info["dropped"][s]
+    late = plan.counts[s] + np.bincount([i for _, i in lost], minlength=len(plan.counts[s]))
+    if lost and _is_counts(p, late[plan.owned(d)], late):
+        u, i = next((x for x in lost if x[1] in plan.owned(d)), lost[0])
+        return Failure(case.label, "dropped tokens are not sent",
+                       f"at step {ev.step} rank {s} told rank {d} the counts "
+                       f"{numbers(p, 8)}: they count the assignments the capacity dropped "
+                       f"(gate 0), e.g. token {u}'s to expert {i}",
+                       expected=f"rank {s}'s counts for rank {d}'s experts: {want.tolist()}",
+                       got=f"{numbers(p, 8)}",
+                       hint="A token over its expert's capacity is dropped: its gate for that "
+                            "expert is 0. Route by the nonzero gates, not by the k largest "
+                            "(np.argsort): a dropped token does not travel, nor is it counted.")
+    width = plan.x[s].shape[1]
+    if isinstance(p, np.ndarray) and p.dtype.kind == "f" and p.ndim == 2 and p.shape[1] == width \
+            and len(p) and not np.array_equal(p, np.round(p)):
+        what = (f"rows (shape {p.shape}) before any counts: the counts exchange was "
+                f"skipped")
+    elif isinstance(p, np.ndarray) and p.ndim == 2 and len(p) > 1 and p.shape[1] == len(want):
+        what = (f"{numbers(p, 8)} (shape {p.shape}): the counts of several ranks, as a ring "
+                f"AlltoAll forwards them, not straight from rank {s} to rank {d}")
+    else:
+        what = f"{numbers(p, 8)} (shape {np.shape(p)}), not its counts"
+    return Failure(case.label, "a counts exchange first",
+                   f"at step {ev.step} rank {s}'s first message to rank {d} carries {what}",
+                   expected=f"rank {s}'s counts for rank {d}'s experts "
+                            f"{', '.join(map(str, plan.owned(d)))}: {want.tolist()} "
+                            f"(or all {len(plan.counts[s])} of its counts, "
+                            f"{plan.counts[s].tolist()})",
+                   got=f"{numbers(p, 8)}, shape {np.shape(p)}", hint=COUNTS_HINT)
+
+
+def _broadcast(result, case, plan):
+    """A message that holds every token of its sender (in its first d columns),
+    where fewer go to the receiver: everything sent everywhere."""
+    every = {}                          # sender -> {receiver: a message with all its tokens}
+    for ev in sorted(result.trace, key=lambda ev: ev.step):
+        s, p = ev.src, result.payload(ev)
+        x = plan.x[s]
+        if (len(x) and isinstance(p, np.ndarray) and p.ndim == 2 and p.shape[1] >= x.shape[1]
+                and all(any(np.array_equal(row, q) for q in p[:, :x.shape[1]]) for row in x)):
+            every.setdefault(s, {}).setdefault(ev.dst, ev)
+    for s, got in sorted(every.items()):
+        x = plan.x[s]
+        n, width = x.shape
+        over = [ev for ev in got.values() if len(plan.tokens[s][ev.dst]) < n]
+        if len(got) == case.world_size - 1 and over:
+            ev = over[0]
+            d, p = ev.dst, result.payload(ev)
+            extra = f" (and {p.shape[1] - width} more columns each: their gates?)" \
+                if p.shape[1] > width else ""
+            return Failure(case.label, "no token goes to a rank that does not hold its expert",
+                           f"rank {s} sent every rank all its {n} tokens; at step {ev.step} "
+                           f"rank {d} got them{extra}: only {len(plan.tokens[s][d])} row(s) "
+                           f"go to rank {d}'s "
+                           f"experts ({', '.join(map(str, plan.owned(d)))})",
+                           expected=f"rank {s}'s tokens {plan.tokens[s][d]} only, after the "
+                                    f"counts", got=f"shape {p.shape}: {numbers(p)}",
+                           hint="Sending every token to every rank (a broadcast, or an "
+                                "AllGather of tokens and gates) moves e times the bytes of "
+                                "a dispatch. Send rank d only the tokens whose gates for "
+                                "rank d's experts are nonzero, and keep the gates home.")
+    return None
+
+
+def _is_counts(p, want, every):
+    if not isinstance(p, np.ndarray) or p.dtype.kind not in "iuf":
+        return False
+    flat = p.reshape(-1)
+    return any(len(flat) == len(w) and np.array_equal(flat, w) for w in (want, every))
+
+
+def _rows_message(result, case, plan, ev, used):
+    """A message after the counts: rank s's tokens for d, or s's outputs for d."""
+    s, d = ev.src, ev.dst
+    p = result.payload(ev)
+    for kind, rows in (("tokens", plan.tokens[s][d]), ("outputs", plan.outputs[s][d])):
+        if (s, d, kind) in used:
+            continue
+        width = plan.x[s].shape[1]
+        want = plan.x[s][rows] if kind == "tokens" else np.array(rows).reshape(-1, width)
+        if _same_rows(p, want, exact=kind == "tokens"):
+            used.add((s, d, kind))
+            return None
+    return _bad_rows(case, plan, ev, p, used)
+
+
+def _same_rows(p, want, exact):
+    """Whether ``p`` holds the rows of ``want``, in any order (a multiset)."""
+    if type(p) is not np.ndarray or p.dtype != np.float64:
+        return False
+    if p.size == 0 or not len(want):        # an empty block may travel, of any shape
+        return p.size == 0 and not len(want)
+    if p.ndim != 2 or p.shape[1] != want.shape[1] or len(p) != len(want):
+        return False
+    left = list(range(len(want)))
+    for row in p:
+        hit = next((j for j in left if (np.array_equal(want[j], row) if exact else
+                                        np.allclose(want[j], row, rtol=1e-9, atol=1e-12))),
+                   None)
+        if hit is None:
+            return False
+        left.remove(hit)
+    return True
+
+
+def _bad_rows(case, plan, ev, p, used):
+    s, d = ev.src, ev.dst
+    head = f"at step {ev.step} rank {s} sent rank {d} "
+    mine = ", ".join(map(str, plan.owned(d)))
+    expected = (f"after the counts, at most one message of rank {s}'s tokens routed to rank "
+                f"{d}'s experts ({mine}): tokens {plan.tokens[s][d]}, unchanged, and at most "
+                f"one of rank {s}'s experts' outputs for rank {d}'s tokens "
+                f"({len(plan.outputs[s][d])} rows)")
+    width = plan.x[s].shape[1]
+    if type(p) is not np.ndarray or p.dtype != np.float64 or p.ndim != 2 or p.shape[1] != width:
+        words = f"an array of shape {np.shape(p)}, dtype {getattr(p, 'dtype', type(p).__name__)}"
+        return Failure(case.label, "only tokens and their outputs travel, after the counts",
+                       head + words, expected=expected, got=f"{words}: {numbers(p)}",
+                       hint=f"Send rows of width d = {width} as they are (float64): the "
+                            f"tokens there, the experts' outputs back. The gates stay where "
+                            f"the tokens are: the weighting happens there, after the combine.")
+    ids = [_token_of(row, plan.x[s]) for row in p]
+    if all(t is not None for t in ids):
+        return _bad_tokens(case, plan, ev, ids, head, expected, used)
+    return Failure(case.label, "only tokens and their outputs travel, after the counts",
+                   head + f"{len(p)} rows that are not exactly rank {s}'s tokens routed to "
+                   f"rank {d}, nor rank {s}'s experts' outputs for rank {d}'s tokens routed "
+                   f"to them" + (" (sent a second time)" if (s, d, "outputs") in used else ""),
+                   expected=expected, got=f"shape {p.shape}: {numbers(p)}",
+                   hint="Each expert output goes back, unchanged and ungated, to the rank "
+                        "whose token it is, in one message per rank; tokens routed to no "
+                        "expert of a rank are not sent there.")
+
+
+def _token_of(row, x):
+    hits = np.flatnonzero((x == row).all(axis=1)) if len(x) else []
+    return int(hits[0]) if len(hits) else None
+
+
+def _bad_tokens(case, plan, ev, ids, head, expected, used):
+    """A message of rank s's own tokens that are not the ones routed to d."""
+    s, d = ev.src, ev.dst
+    want, n = plan.tokens[s][d], len(plan.x[s])
+    extra, missing = _minus(ids, want), _minus(want, ids)
+    got = f"tokens {sorted(ids)}"
+    if (s, d, "tokens") in used:
+        return Failure(case.label, "one message of tokens per pair of ranks",
+                       head + f"a second message of tokens ({len(ids)} rows)",
+                       expected=expected, got=got,
+                       hint="Send all of rank d's rows in one message (expert by expert): "
+                            "one AlltoAll of uneven sizes, not one per expert or per token.")
+    dropped = [(t, i) for t, i in case.info["dropped"][s] if t in extra and i in plan.owned(d)]
+    if dropped:
+        (u, i), = dropped[:1]
+    return Failure(case.label, "dropped tokens are not sent",
+                       head + f"token {u}, whose assignment to expert {i} was "
+                              f"dropped by the capacity (its gate is 0)",
+                       expected=expected, got=got,
+                       hint="A token over its expert's capacity is dropped: its gate for "
+                            "that expert is 0. Route by the nonzero gates, not by the "
+                            "k largest (np.argsort): a dropped token does not travel.")
+    if sorted(ids) == list(range(n)) and n > len(want):
+        return Failure(case.label, "no token goes to a rank that does not hold its expert",
+                       head + f"all its {n} tokens: only {len(want)} go to rank {d}'s experts",
+                       expected=expected, got=got,
+                       hint="Sending every token to every rank (a broadcast, or an AllGather) "
+                            "moves e times the bytes. Send rank d only the tokens whose "
+                            "gates for rank d's experts are nonzero.")
+    if extra:
+        u = extra[0]
+        goes = [int(i) for i in np.flatnonzero(plan.gates[s][u])]
+        return Failure(case.label, "no token goes to a rank that does not hold its expert",
+                       head + f"token {u}, which goes to expert(s) {goes} only, none of them "
+                              f"on rank {d}",
+                       expected=expected, got=got,
+                       hint="Rank d holds experts d*E/e .. (d+1)*E/e - 1: send it exactly the "
+                            "tokens with a nonzero gate for one of those.")
+    return Failure(case.label, "one message of tokens per pair of ranks",
+                   head + f"{len(ids)} of the {len(want)} rows routed to its experts: "
+                          f"token {missing[0]} is not in it",
+                   expected=expected, got=got,
+                   hint="Put every row for rank d in one message, expert by expert (a token "
+                        "that goes to two of rank d's experts is sent twice, once for each).")
+
+
+def _minus(a, b):
+    """The multiset a - b, sorted."""
+    left = list(b)
+    out = []
+    for v in a:
+        if v in left:
+            left.remove(v)
+        else:
+            out.append(v)
+    return sorted(out)
+
+
+def _missing(case, plan, s, d, kind):
+    rows = plan.tokens[s][d] if kind == "tokens" else plan.tokens[d][s]
+    what = (f"rank {s} never sent rank {d} its {len(rows)} token row(s) for rank {d}'s "
+            f"experts (tokens {rows})" if kind == "tokens" else
+            f"rank {s} never sent rank {d} its experts' outputs for rank {d}'s {len(rows)} "
+            f"row(s) (tokens {rows})")
+    return Failure(case.label, "dispatch and combine: tokens there, outputs back", what,
+                   expected=f"one message from rank {s} to rank {d} with those rows",
+                   got="no such message",
+                   hint="After the counts, one AlltoAll of uneven sizes takes every token to "
+                        "the ranks of its experts, and a second brings the outputs back.")
+
+
+# -- 4. what the experts computed -----------------------------------------------------------
+
+def _computed(rows, case):
+    plan, per = Plan(case), case.info["per"]
+    for r, got in enumerate(rows):
+        for j, m in enumerate(np.asarray(got).reshape(-1)):
+            i = r * per + j
+            want = sum(int(c[i]) for c in plan.counts)
+            if m != want:
+                return Failure(case.label, "every expert computes exactly its tokens",
+                               f"expert {i} (on rank {r}) computed {m} rows; {want} "
+                               f"assignments go to it",
+                               expected=f"{want} rows: tokens per expert "
+                                        f"{np.sum(plan.counts, axis=0).tolist()}",
+                               got=f"{m} rows",
+                               hint="Apply expert i once to the rows routed to it (from every "
+                                    "rank), not to everything that arrived.")
+    return None
