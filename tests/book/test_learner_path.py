@@ -252,6 +252,16 @@ def hierarchical_time(text):
     assert abs(took - closed) <= 1e-4, text
 
 
+def hsdp_across_nodes(text):
+    # [4, 8, 8, 2]: units of 4*8+8, 8*8+8, 8*2+2 = 40, 72, 18 numbers; 2 nodes x 2 ranks
+    R, S, N, units = 2, 2, 4, [40, 72, 18]
+    psi = sum(-(-u // S) * S for u in units)                   # 130
+    psi_all = sum(-(-u // N) * N for u in units)               # 132, padded for ZeRO-3
+    assert int(after("bytes across nodes per step", text)) == 2 * (R - 1) * psi * 8
+    assert int(after("ZeRO-3 on all 4 ranks, bytes across nodes per step", text)) == \
+        3 * R * (N - 1) * psi_all * 8 // N
+
+
 def allreduce_bytes(t, elements, count=1):
     """Bytes each rank sends in ``count`` ring AllReduces of ``elements`` float64 over t ranks."""
     return [round(count * 2 * (t - 1) / t * elements * 8)] * t
@@ -295,6 +305,7 @@ TRY_IT = {
                                                + ["ring_allgather", "ring_reduce_scatter"] * 3))],
     "19_hierarchical_allreduce": [all_of(is_true("the sum on every rank"), hierarchical_bytes,
                                          hierarchical_time)],
+    "22_hsdp_step": [hsdp_across_nodes],
 }
 
 

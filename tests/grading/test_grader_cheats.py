@@ -23,6 +23,7 @@ from ringlab.grading.kit.loop import grade_cases
 from ringlab.trace import Event, Trace
 
 import programs.hierarchical as HP
+import programs.hsdp as HS
 import programs.pipeline as P
 import programs.zero as Z
 
@@ -415,6 +416,10 @@ CHEATS = [
      ["nor one rank's shard of the parameters"]),
     ("zero3_step", Z.z3_gather_all_up_front, "memory: peak per rank within ZeRO-3's bound",
      ["times its largest unit"]),
+    ("hsdp_step", HS.zeros_and_shared_memory, "every message carries parameters or gradients",
+     ["in its shard group: neither one rank's shard", "Got:      [0, 0, 0, 0, ...]"]),
+    ("hsdp_step", HS.full_params_kept, "memory: what a rank keeps between steps",
+     ["copies of the whole model", "keeps only its shards and its 1/S"]),
 ]
 
 
@@ -424,6 +429,8 @@ CHEATS = [
 def test_cheats_fail(exercise, program, check, phrases):
     SHARED.clear()
     HP.SHARED.clear()
+    HS.SHARED.clear()
+    HS.KEPT.clear()
     report = ringlab.grade(exercise, program, seed=0, log=False)
     text = str(report)
     assert not report.passed and check in report.failure.check, text

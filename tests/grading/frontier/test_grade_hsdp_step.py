@@ -21,7 +21,7 @@ import programs.hsdp as P
 
 ID = "hsdp_step"
 CASES = list(G.cases(np.random.default_rng(0)))
-FIRST, MEASURED = CASES[0], CASES[-1]
+FIRST, SMALL, MEASURED = CASES[0], CASES[1], CASES[-1]
 
 
 def only(*cases):
@@ -118,16 +118,20 @@ def test_trusted_grading_bans_the_reference_and_zero3_but_not_part1():
 
 
 def test_isolated_rank_processes_pass_the_solution_and_stop_the_cheats():
-    """`ringlab grade`'s runner: a process per rank, the answers banned."""
+    """`ringlab grade`'s runner: a process per rank, the answers banned (on the 2 x 2
+    mesh, the smallest with both groups: a process per rank costs)."""
     from ringlab.backends.isolated import runner
     cloudpickle.register_pickle_by_value(P)
     try:
         run = runner(512, banned_answers(ID))
-        report = grade(P.solution, only(FIRST), runner=run)
+        report = grade(P.solution, only(SMALL), runner=run)
         assert report.passed, str(report)
+        # a wrong program: the same verdict as in one process
+        report = grade(P.allreduce_world, only(SMALL), runner=runner(512, banned_answers(ID)))
+        assert report.failure.check == GROUPS, str(report)
         for cheat, words in ((P.calls_the_reference, "own answer to hsdp_step"),
                              (P.calls_zero3, "answer to zero3_step")):
-            report = grade(cheat, only(FIRST), runner=runner(512, banned_answers(ID)))
+            report = grade(cheat, only(SMALL), runner=runner(512, banned_answers(ID)))
             assert not report.passed and words in str(report), str(report)
     finally:
         cloudpickle.unregister_pickle_by_value(P)
