@@ -15,7 +15,7 @@ ReduceScatter an AllReduce of ``unit.grad_shard`` in the replicate group; then
 ``opt.step(model.grad_shards())``.
 
 Checks, on meshes (2,3), (2,2), (3,2), (1,4), (4,1), (2,4), (1,1), hidden
-models, unequal batch shards, 3 steps, and one (2,2) case of 24 units whose
+models, unequal batch shards, 3 steps, and one (2,2) case of 25 units whose
 memory is measured:
 
 1. it runs (a None parameter, a chunk of the wrong size, diagnosed);
@@ -80,7 +80,7 @@ def cases(rng):
     for (R, S), batch, layers in MESHES + (((2, 2), 9, 25),):
         n, measure = R * S, layers == 25
         if measure:
-            # 24 units of 0.5 MB, as ZeRO-3's measured case: a full copy is plain.
+            # 25 units, 23 of them of 0.5 MB, as ZeRO-3's measured case: a full copy is plain.
             sizes = [24] + [250] * (layers - 1) + [int(rng.integers(5, 8))]
         else:
             sizes = ([int(rng.integers(n, n + 4))] + [int(rng.integers(n + 4, n + 9))
