@@ -33,23 +33,24 @@ def _backward(unit, dy):
     return dy, grad
 
 
-def _forward(group, units, x):
+def _forward(group, units, x, gather=None):
     for unit in units:
-        _gather(group, unit)
+        (gather or _gather)(group, unit)
         for layer in unit.layers:
             x = layer.forward(x)
         _free(unit)
     return x
 
 
-def solution(comm, mesh, model, opt, x, y, batch_size, *, sync=None, weight=None, after=1.0):
+def solution(comm, mesh, model, opt, x, y, batch_size, *, sync=None, weight=None, after=1.0,
+             gather=None):
     """The notebook's solution; ``sync(mesh, unit, grad)`` replaces the two
     gradient collectives, ``weight`` the batch weight, ``after`` divides the
-    synced shard."""
+    synced shard, ``gather(group, unit)`` the AllGather."""
     shard, replicate = mesh.group("shard"), mesh.group("replicate")
-    loss, dy = mse(_forward(shard, model.units, x), y)
+    loss, dy = mse(_forward(shard, model.units, x, gather), y)
     for unit in reversed(model.units):
-        _gather(shard, unit)
+        (gather or _gather)(shard, unit)
         dy, grad = _backward(unit, dy)
         grad *= len(x) / batch_size if weight is None else weight(len(x), batch_size, mesh)
         if sync is None:
@@ -259,3 +260,23 @@ def zeros_and_shared_memory(comm, mesh, model, opt, x, y, batch_size):
         _free(unit)
     opt.step(model.grad_shards())
     return loss
+
+
+def own_shard_repeated(comm, mesh, model, opt, x, y, batch_size):
+    """Every AllGather message holds the sender's own shard (real parameters, the
+    right sizes and counts); the other shards come through SHARED."""
+    n, r = comm.world_size, comm.rank
+    S, j = mesh.size("shard"), mesh.coord("shard")
+    key = (n, S, opt.state.get(model.units[0].name, {}).get("step", 0))
+
+    def allgather(group, mine):
+        i = next(k for k, u in enumerate(model.units) if u.shard is mine)
+        SHARED.setdefault(key + ("p", i, r), []).append(mine.copy())
+        for _ in range(S - 1):
+            group.sendrecv(mine, (j + 1) % S, (j - 1) % S)
+        comm.barrier()
+        return np.concatenate([SHARED[key + ("p", i, r - j + q)][-1] for q in range(S)])
+
+    def gather(group, unit):
+        unit.layer.params.update(unit.views(allgather(group, unit.shard)))
+    return solution(comm, mesh, model, opt, x, y, batch_size, gather=gather)

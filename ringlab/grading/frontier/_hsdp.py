@@ -18,7 +18,7 @@ other ranks' data, or a message between two ranks that share no group are
 labelled nothing.
 """
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 
@@ -97,6 +97,7 @@ class Labels:
                 for size in sorted({s.stop - s.start for s in pieces(m, R)}):
                     self.by_size["replicate", size].append((t, u))
         self.last = defaultdict(lambda: (0, 0))   # rank -> (t, u) of its last message
+        self.received = defaultdict(Counter)      # (rank, u, t) -> shards gathered: count
 
     def group_of(self, e):
         (ia, ja), (ib, jb) = divmod(e.src, self.S), divmod(e.dst, self.S)
@@ -118,29 +119,32 @@ class Labels:
         cands = sorted(self.by_size.get((group, p.size), ()), key=lambda c: _near(c, t0, u0))
         probe = np.unique([0, p.size // 2, p.size - 1])
         for t, u in cands:
-            kind = self._kind(group, e, p, t, u, probe)
+            kind, shard = self._kind(group, e, p, t, u, probe)
             if kind:
                 self.last[e.src] = (t, u)
+                if kind == "AG":
+                    self.received[e.dst, u, t][shard] += 1
                 return kind, u, t
         return None
 
     def _kind(self, group, e, p, t, u, probe):
+        """(kind, the parameter shard an AllGather's message holds), or (None, None)."""
         (i, j), S = divmod(e.src, self.S), self.S
         if group == "shard":
             params = self.ref[t]["before"][u].reshape(S, -1)
-            if any(_close(params[k, probe], p[probe]) and _close(params[k], p)
-                   for k in range(S)):
-                return "AG"
+            for k in range(S):
+                if _close(params[k, probe], p[probe]) and _close(params[k], p):
+                    return "AG", k
             if any(subset_sum(p, [[self.chunk(t, u, i * S + jj, k)] for jj in range(S)],
                               j, probe) is not None for k in range(S)):
-                return "RS"
-            return None
+                return "RS", None
+            return None, None
         for s in pieces(len(self.ref[t]["before"][u]) // S, self.R):
             # each replica's sum, over its shard group, of piece s of shard j
             rows = [[self.chunk(t, u, k * S + jj, j, s) for jj in range(S)] for k in range(self.R)]
             if s.stop - s.start == p.size and subset_sum(p, rows, i, probe) is not None:
-                return "AR"
-        return None
+                return "AR", None
+        return None, None
 
     def whole_gradient(self, e, p):
         """Whether p, sent between replicas, is a piece of a unit's WHOLE gradient
@@ -169,19 +173,50 @@ def stray(result, case):
     return None
 
 
+class Labelled(dict):
+    """``{rank: [(label, event)] in send order}``; ``received``: Labels.received."""
+
+
 def label_all(result, case):
-    """``({rank: [(label, event)]}, None)``, or ``(None, Failure)`` for the first
-    message (in step order) that is none of a right program's."""
+    """``(Labelled, None)``, or ``(None, Failure)`` for the first message (in step
+    order) that is none of a right program's."""
     R, S = case.info["mesh"]
     labels = Labels(case.info["ref"], R, S)
-    out = defaultdict(list)
+    out = Labelled()
     for e in sorted(result.trace, key=lambda e: (e.step, e.stream, e.seq)):
         p = result.payload(e) if result.payloads is not None else None
         label = labels.label(e, p)
         if label is None:
             return None, unlabelled(case, labels, e, p)
-        out[e.src].append((label, e))
+        out.setdefault(e.src, []).append((label, e))
+    out.received = labels.received
     return out, None
+
+
+def every_shard_gathered(labelled, case):
+    """A Failure unless each rank received, in its two AllGathers of each unit and
+    step, every other shard of its row exactly twice (once per AllGather): a
+    message may hold any one shard, so the set is what shows that the
+    AllGather delivered the others' shards, not its sender's own again and again."""
+    R, S = case.info["mesh"]
+    names = [seg[0].split(".")[0] for seg in case.info["segments"]]
+    for t in range(len(case.info["ref"])):
+        for u, name in enumerate(names):
+            for r in range(R * S):
+                got = labelled.received.get((r, u, t), Counter())
+                want = Counter({k: 2 for k in range(S) if k != r % S})
+                if S > 1 and got != want:
+                    return Failure(
+                        case.label, "each AllGather delivers every other shard once",
+                        f"training step {t + 1}: in its AllGathers of unit {name} "
+                        f"{where(r, S)} received shards "
+                        + ", ".join(f"{k} x{c}" for k, c in sorted(got.items())),
+                        expected="shards " + ", ".join(f"{k} x2" for k in sorted(want))
+                                 + " (every other rank's of its row, once per AllGather, "
+                                   "two AllGathers per unit and step)",
+                        hint="In a ring AllGather each rank passes on the shard it received "
+                             "last step: its own first, then its left neighbour's, ...")
+    return None
 
 
 def unlabelled(case, labels, e, p):

@@ -125,7 +125,8 @@ def check(program, case, backend="sim"):
     if failure:
         return failure
     labelled, failure = _hsdp.label_all(result, case)
-    return (failure or group_bytes(labelled, case) or order(labelled, case)
+    return (failure or group_bytes(labelled, case) or _hsdp.every_shard_gathered(labelled, case)
+            or order(labelled, case)
             or Z3.memory(result, case, backend, STAGE, case.info["mesh"][1], "1/S"))
 
 

@@ -102,6 +102,16 @@ def test_zeros_for_show_fail_on_what_the_messages_carry():
     assert "Got:      [0, 0, 0, 0, ...]" in str(report)
 
 
+def test_an_allgather_that_sends_its_own_shard_again_and_again_fails():
+    """Real parameters, the right sizes and counts, but each message the sender's
+    own shard: the others' shards came outside the messages."""
+    P.SHARED.clear()
+    report = grade(P.own_shard_repeated, only(FIRST))
+    P.SHARED.clear()
+    assert report.failure.check == "each AllGather delivers every other shard once", str(report)
+    assert "received shards 2 x4" in str(report) and "shards 1 x2, 2 x2" in str(report)
+
+
 def test_trusted_grading_bans_the_reference_and_zero3_but_not_part1():
     banned = banned_answers(ID)
     assert {"ringlab.frontier.hsdp:hsdp_step", "ringlab.zero.zero3:zero3_step"} <= set(banned)
