@@ -23,18 +23,20 @@ memory is measured:
    array ``opt`` updates, stepped once per step);
 3. every message stays in a shard group (a row) or a replicate group (a
    column): none between ranks that share neither (a collective over all
-   ranks); and carries real data (``_hsdp.py``): parameter shards or partial
-   sums of gradients in the shard group, pieces of the sender's gradient
-   shard summed over whole rows in the replicate group (a piece of the whole
-   gradient there is named: the groups swapped, or the AllReduce first);
+   ranks); then every replica's shards, put together, equal data-parallel
+   Adam on the full batch (1e-10), computed here (wrong batch scalings and a
+   missing replica AllReduce named); then every message carries real data
+   (``_hsdp.py``): parameter shards or partial sums of gradients in the
+   shard group, pieces of the sender's gradient shard summed over whole rows
+   in the replicate group (a piece of the whole gradient there is named: the
+   groups swapped, or the AllReduce first);
 4. bytes per group and step equal the closed form (``hsdp_bytes``): per rank
    2 (S-1)/S Psi of AllGathers and (S-1)/S Psi of ReduceScatter in the shard
    group, 2 (R-1)/R Psi/S of AllReduce in the replicate group (Psi the
    padded parameters, 8 bytes each; per rank up to the rounding of
    np.array_split, all ranks together exactly 2 (R-1) Psi);
-5. the order in the shard group: ZeRO-3's (``zero3_step.unit_order``);
-6. every replica's shards, put together, equal data-parallel Adam on the full
-   batch (1e-10), computed here; wrong batch scalings named;
+5. each AllGather delivers to every rank each other shard of its row once;
+6. the order in the shard group: ZeRO-3's (``zero3_step.unit_order``);
 7. memory, measured as ZeRO-3's grader measures it (``zero/_measured.py``):
    a few units in full at a time, nothing kept between steps.
 
