@@ -47,6 +47,7 @@ reference answer of the exercise of that name), ``hsdp_adam`` a training run.
 
 import numpy as np
 
+from ..answers import answer
 from ..collectives import ring_allreduce, ring_reduce_scatter
 from ..data_parallel.sync_sgd import shard as batch_shard
 from ..mesh import DeviceMesh
@@ -57,6 +58,7 @@ from ..zero.sharding import padded_size
 NAMES = ("replicate", "shard")
 
 
+@answer("hsdp_step")
 def hsdp_step(comm, mesh, model, opt, x, y, batch_size, loss_fn=mse):
     """One hybrid-sharded step on this rank's samples ``(x, y)`` of a global batch
     of ``batch_size``. ``mesh``: a ``DeviceMesh`` with axes ``("replicate",

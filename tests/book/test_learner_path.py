@@ -262,6 +262,14 @@ def moe_dispatch_bytes(text):
     rows = ast.literal_eval(after("rows sent per rank (tokens out, outputs back)", text))
     assert sum(rows) % 2 == 0 and sum(rows) <= 2 * kept      # each row out once, back once
     assert ast.literal_eval(after("bytes sent per rank", text)) == [3 * 16 + 24 * r for r in rows]
+def hsdp_across_nodes(text):
+    # [4, 8, 8, 2]: units of 4*8+8, 8*8+8, 8*2+2 = 40, 72, 18 numbers; 2 nodes x 2 ranks
+    R, S, N, units = 2, 2, 4, [40, 72, 18]
+    psi = sum(-(-u // S) * S for u in units)                   # 130
+    psi_all = sum(-(-u // N) * N for u in units)               # 132, padded for ZeRO-3
+    assert int(after("bytes across nodes per step", text)) == 2 * (R - 1) * psi * 8
+    assert int(after("ZeRO-3 on all 4 ranks, bytes across nodes per step", text)) == \
+        3 * R * (N - 1) * psi_all * 8 // N
 
 
 def allreduce_bytes(t, elements, count=1):
@@ -311,6 +319,7 @@ TRY_IT = {
     "20_ring_attention": [all_of(bytes_per_rank([2 * (4 - 1) * 1 * 2 * 4 * 8 * 8] * 4),
                                  says("messages per rank: [3, 3, 3, 3]"))],
     "21_moe_dispatch_combine": [moe_dispatch_bytes],
+    "22_hsdp_step": [hsdp_across_nodes],
 }
 
 

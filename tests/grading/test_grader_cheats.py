@@ -24,6 +24,7 @@ from ringlab.trace import Event, Trace
 
 import programs.hierarchical as HP
 import programs.moe as MP
+import programs.hsdp as HS
 import programs.pipeline as P
 import programs.ring_attention as RA
 import programs.zero as Z
@@ -427,6 +428,10 @@ CHEATS = [
     ("moe_dispatch_combine", MP.everything_to_everyone,
      "no token goes to a rank that does not hold its expert",
      ["rank 0 sent every rank all its 6 tokens"]),
+    ("hsdp_step", HS.zeros_and_shared_memory, "every message carries parameters or gradients",
+     ["in its shard group: neither one rank's shard", "Got:      [0, 0, 0, 0, ...]"]),
+    ("hsdp_step", HS.full_params_kept, "memory: what a rank keeps between steps",
+     ["copies of the whole model", "keeps only its shards and its 1/S"]),
 ]
 
 
@@ -437,6 +442,8 @@ def test_cheats_fail(exercise, program, check, phrases):
     SHARED.clear()
     HP.SHARED.clear()
     RA.SHARED.clear()
+    HS.SHARED.clear()
+    HS.KEPT.clear()
     report = ringlab.grade(exercise, program, seed=0, log=False)
     text = str(report)
     assert not report.passed and check in report.failure.check, text

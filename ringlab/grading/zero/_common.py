@@ -61,10 +61,13 @@ def forward_vector(named, sizes):
 
 
 # ------------------------------------------------------------------------- the cases
-def make_case(rng, n, batch, sizes, segments, *, label, measure=False, **more):
-    """A hidden case: world size n, STEPS global batches of ``batch`` rows."""
+def make_case(rng, n, batch, sizes, segments, *, label, measure=False, shards=None, **more):
+    """A hidden case: world size n, STEPS global batches of ``batch`` rows, each
+    segment padded to a multiple of ``shards`` (default n: every rank a shard)."""
     seed = int(rng.integers(2**31))
-    small = [s for s in segments if sum(int(np.prod(shapes_of(sizes)[k])) for k in s) < n * n]
+    shards = shards or n
+    small = [s for s in segments
+             if sum(int(np.prod(shapes_of(sizes)[k])) for k in s) < n * shards]
     if small:
         # Then a chunk could be all padding: zeros, which any collective could carry.
         raise ValueError(f"grader: segment {small[0]} too small for world size {n}")
@@ -76,8 +79,8 @@ def make_case(rng, n, batch, sizes, segments, *, label, measure=False, **more):
     spec = dict(sizes=list(sizes), seed=seed, lr=LR, segments=[list(s) for s in segments],
                 measure=measure, **more)
     shapes = shapes_of(sizes)
-    pads = [padded(sum(int(np.prod(shapes[k])) for k in s), n) for s in segments]
-    info = dict(spec, batches=batches, batch=batch, numel=numel, pads=pads)
+    pads = [padded(sum(int(np.prod(shapes[k])) for k in s), shards) for s in segments]
+    info = dict(spec, batches=batches, batch=batch, numel=numel, pads=pads, shards=shards)
     info["ref"] = reference(info, n)
     rows = sorted({len(a) for a, _, _ in (inp[0] for inp in inputs)})
     shards = "equal" if len(rows) == 1 else "unequal"
@@ -88,14 +91,16 @@ def make_case(rng, n, batch, sizes, segments, *, label, measure=False, **more):
 
 def reference(info, n, combine=None):
     """Data-parallel Adam, one record per step: each segment's vector ``before``
-    and ``after`` the update, and ``grads[r][s]``: rank r's mean gradient on its
-    shard weighted by its share of the batch (what it reduce-scatters).
+    and ``after`` the update (padded to a multiple of ``info["shards"]``, else
+    n), and ``grads[r][s]``: rank r's mean gradient on its shard of the batch
+    weighted by its share of it (what it reduce-scatters).
     ``combine(grads, rows, batch, n, s)``: segment s's gradient from the ranks'
     (default: their sum, the batch's mean gradient); the learners' mistakes."""
     sizes, segments = info["sizes"], info["segments"]
     model = mlp_model(sizes, np.random.default_rng(info["seed"]))
     params = model.named_parameters()
-    vectors = [flat(params, s, n) for s in segments]
+    pad = info.get("shards") or n
+    vectors = [flat(params, s, pad) for s in segments]
     opt = Adam({str(i): v for i, v in enumerate(vectors)}, info["lr"])
     shapes = shapes_of(sizes)
     record = []
@@ -108,7 +113,7 @@ def reference(info, n, combine=None):
             model.zero_grad()
             model.backward(mse(model.forward(xs), ys)[1])
             g = model.named_grads()
-            grads.append([flat(g, s, n) * (len(xs) / len(x)) for s in segments])
+            grads.append([flat(g, s, pad) * (len(xs) / len(x)) for s in segments])
             rows.append(len(xs))
         total = {str(s): (sum(g[s] for g in grads) if combine is None
                           else combine(grads, rows, len(x), n, s)) for s in range(len(segments))}
@@ -148,10 +153,10 @@ MISTAKES = [
 ]
 
 
-def diagnose_params(case, got):
-    """Which mistake gives these parameters, if one of the usual ones does."""
+def diagnose_params(case, got, mistakes=MISTAKES):
+    """Which mistake gives these parameters, if one of ``mistakes`` does."""
     info = case.info
-    for words, combine, hint in MISTAKES:
+    for words, combine, hint in mistakes:
         wrong = reference(info, case.world_size,
                           combine=lambda g, rows, b, n, s, c=combine: c(g, rows, b, n, s, info))
         if np.allclose(got, final_vector(info, wrong), rtol=0, atol=TOL):
@@ -159,8 +164,9 @@ def diagnose_params(case, got):
     return None, None
 
 
-def compare_params(case, got, who):
-    """A Failure unless ``got`` (forward order, unpadded) equals data-parallel Adam."""
+def compare_params(case, got, who, mistakes=MISTAKES):
+    """A Failure unless ``got`` (forward order, unpadded) equals data-parallel Adam;
+    ``mistakes``: the usual ones, named when one gives ``got``."""
     want = final_vector(case.info, case.info["ref"])
     if got.shape == want.shape and np.allclose(got, want, rtol=0, atol=TOL):
         return None
@@ -168,7 +174,7 @@ def compare_params(case, got, who):
         return Failure(case.label, "parameters equal data-parallel Adam",
                        f"{who} holds {got.size} parameters, the model has {want.size}",
                        expected=f"{want.size} numbers", got=f"{got.size} numbers")
-    words, hint = diagnose_params(case, got)
+    words, hint = diagnose_params(case, got, mistakes)
     bad = int(np.argmax(np.abs(got - want)))
     return Failure(case.label, "parameters equal data-parallel Adam",
                    f"after {STEPS} steps {who}'s parameters differ from data-parallel Adam's by "
@@ -362,16 +368,18 @@ def _whole_shard(p, info, n, ag_when):
     return None
 
 
-def calls_of(labelled, n):
+def calls_of(labelled, n, per_call=None):
     """``[(label, first event, messages)]``: a rank's messages grouped into calls
-    of N-1 messages each (per label, in order), ordered by their first message."""
+    of N-1 messages each (``per_call(label)`` each, if given; per label, in
+    order), ordered by their first message."""
     by = defaultdict(list)
     for label, e in labelled:
         by[label].append(e)
     calls = []
     for label, events in by.items():
-        for k in range(0, len(events), n - 1):
-            part = events[k:k + n - 1]
+        size = per_call(label) if per_call else n - 1
+        for k in range(0, len(events), size):
+            part = events[k:k + size]
             calls.append((label, part[0], len(part)))
     calls.sort(key=lambda c: (c[1].step, c[1].stream, c[1].seq))
     return calls

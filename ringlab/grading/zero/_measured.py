@@ -24,14 +24,18 @@ def ledger_for(comm, spec, model_bytes):
     return Ledger(floor=-(model_bytes + 64 * 1024) if isolated else None)
 
 
-def measured_steps(comm, spec, model_bytes, steps, take_step, after_step):
+def measured_steps(comm, spec, model_bytes, steps, take_step, after_step, make=None):
     """The grader's step loop: ``take_step(comm_or_probe, x, y, batch)`` for each
     of ``steps``, with memory measured where the case asks; ``after_step(t)``
-    checks the state left after step t. Returns (a problem or None, the per-step
-    (start, peak) pairs as an array of shape (steps, 2))."""
+    checks the state left after step t. ``make(comm_or_probe)``, if given, is
+    what ``take_step`` gets instead, made once before the first step (a
+    ``DeviceMesh`` over the probe: its groups are probed too). Returns (a
+    problem or None, the per-step (start, peak) pairs as an array of shape
+    (steps, 2))."""
     from ._common import report_problem
     ledger = ledger_for(comm, spec, model_bytes)
     probe = MemoryProbe(comm, ledger) if ledger else comm
+    probe = make(probe) if make else probe
     memory = []
     if ledger:
         mark(comm, 0)         # isolated: the resident memory before the first step

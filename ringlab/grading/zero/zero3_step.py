@@ -51,7 +51,6 @@ NAME = "zero3_step"
 USES = ("collectives", "sync_sgd_step")
 # Every rank's result needs every rank's data (the causality check: see kit/causality.py).
 DEPENDS_ON_ALL = True
-STATE = "the state you were handed stays ZeRO-3's"
 # Peak bound: this many full units (parameters, gradient, a collective's buffers),
 # plus the activations, plus slack for Python's own objects. Right programs peak
 # at 4-7 units in the measured case (12 similar units); one holding every unit at
@@ -143,7 +142,10 @@ def _train(comm, steps, spec, learner):
     return [np.zeros(0), np.concatenate(shards).copy(), memory]
 
 
-def state(model, opt, shards, t, r):
+def state(model, opt, shards, t, r, stage="ZeRO-3", share="1/N"):
+    """A problem if the units, their shards or ``opt`` are not as a ZeRO-3 step
+    (``stage``, updating its ``share`` of the model) leaves them after step t."""
+    check = f"the state you were handed stays {stage}'s"
     for u, shard in zip(model.units, shards):
         held = [k for k in u.shapes
                 if u.layer.params.get(k) is not None or u.layer.grads.get(k) is not None]
@@ -153,16 +155,16 @@ def state(model, opt, shards, t, r):
                 f"after step {t + 1}, rank {r}'s unit {u.name} still holds its full "
                 f"{', '.join(held)} (layer.params / layer.grads are not None)",
                 "Free a unit's full parameters and gradient once its backward and "
-                "ReduceScatter are done: set them back to None, as after forward. A ZeRO-3 "
-                "rank keeps only its shards between steps.")
+                f"ReduceScatter are done: set them back to None, as after forward. A {stage} "
+                f"rank keeps only its shards between steps.")
         if u.shard is not shard:
             return C.report_problem(
-                STATE, f"after step {t + 1}, rank {r}'s unit {u.name}: unit.shard is no "
+                check, f"after step {t + 1}, rank {r}'s unit {u.name}: unit.shard is no "
                        f"longer the array it was given",
                 "Update the shard in place (opt.step does); never rebind unit.shard.")
         if getattr(opt, "params", {}).get(u.name) is not shard:
             return C.report_problem(
-                STATE, f"after step {t + 1}, rank {r}'s optimizer no longer updates unit "
+                check, f"after step {t + 1}, rank {r}'s optimizer no longer updates unit "
                        f"{u.name}'s shard",
                 "Keep opt as it is: Adam over model.shards(), stepped with "
                 "model.grad_shards().")
@@ -170,13 +172,13 @@ def state(model, opt, shards, t, r):
         if not all(isinstance(st.get(k), np.ndarray) and st[k].shape == shard.shape
                    for k in ("m", "v")) or st.get("step") != t + 1:
             return C.report_problem(
-                STATE, f"rank {r}'s optimizer was stepped {st.get('step')} time(s) in "
+                check, f"rank {r}'s optimizer was stepped {st.get('step')} time(s) in "
                        f"{t + 1} training step(s) (unit {u.name})",
                 "Call opt.step(model.grad_shards()) once per step, after every unit's "
-                "ReduceScatter: Adam on your 1/N only.")
+                f"ReduceScatter: Adam on your {share} only.")
         if np.shape(u.grad_shard) != shard.shape:
             return C.report_problem(
-                STATE, f"rank {r}'s unit {u.name}: grad_shard has shape "
+                check, f"rank {r}'s unit {u.name}: grad_shard has shape "
                        f"{np.shape(u.grad_shard)}, not {shard.shape}",
                 "Write the ReduceScatter's result into unit.grad_shard[...].")
     return None
@@ -243,38 +245,50 @@ def collectives(result, case):
                             "two AllGathers and one ReduceScatter per unit per step, 3Ψ.")
         return failure
     sizes = ", ".join(f"{p // n * 8}" for p in info["pads"])
-    want_ag = list(range(units)) + list(reversed(range(units)))
-    want_rs = list(reversed(range(units)))
     for r in range(n):
         calls = C.calls_of(labelled.get(r, []), n)
         for t in range(C.STEPS):
             mine = [(k, u) for (k, u, tt), _, _ in calls if tt == t]
-            ag = [u for k, u in mine if k == "AG"]
-            rs = [u for k, u in mine if k == "RS"]
-            late = [u for u in range(units)
-                    if [i for i, c in enumerate(mine) if c == ("AG", u)][-1]
-                    > mine.index(("RS", u))]
-            if ag != want_ag or rs != want_rs or late:
-                return Failure(
-                    case.label, "an AllGather before each unit's forward and backward",
-                    f"training step {t + 1}, rank {r} ran: " + ", ".join(
-                        f"{'ReduceScatter' if k == 'RS' else 'AllGather'}(unit {names[u]})"
-                        for k, u in mine),
-                    expected=f"AllGathers of units {_order(names, want_ag)}, ReduceScatters "
-                             f"of units {_order(names, want_rs)}, each unit's after its "
-                             f"second AllGather (messages of {sizes} bytes)",
-                    hint="Forward: gather unit 0, run it, free it, then unit 1, ...; "
-                         "backward, last unit first: gather, backward, ReduceScatter its "
-                         "gradient, free.")
+            failure = unit_order(case, r, t, mine, names, sizes)
+            if failure:
+                return failure
     return None
+
+
+def unit_order(case, r, t, mine, names, sizes):
+    """A Failure unless rank r's calls ``mine`` of step t, ``[("AG" or "RS", unit
+    index)]`` in order, are FSDP's: AllGathers of units 0..L-1 then L-1..0,
+    ReduceScatters of L-1..0, each after its unit's second AllGather."""
+    units = len(names)
+    want_ag = list(range(units)) + list(reversed(range(units)))
+    want_rs = list(reversed(range(units)))
+    ag = [u for k, u in mine if k == "AG"]
+    rs = [u for k, u in mine if k == "RS"]
+    if ag == want_ag and rs == want_rs and not [
+            u for u in range(units)
+            if [i for i, c in enumerate(mine) if c == ("AG", u)][-1] > mine.index(("RS", u))]:
+        return None
+    return Failure(
+        case.label, "an AllGather before each unit's forward and backward",
+        f"training step {t + 1}, rank {r} ran: " + ", ".join(
+            f"{'ReduceScatter' if k == 'RS' else 'AllGather'}(unit {names[u]})"
+            for k, u in mine),
+        expected=f"AllGathers of units {_order(names, want_ag)}, ReduceScatters "
+                 f"of units {_order(names, want_rs)}, each unit's after its "
+                 f"second AllGather (messages of {sizes} bytes)",
+        hint="Forward: gather unit 0, run it, free it, then unit 1, ...; "
+             "backward, last unit first: gather, backward, ReduceScatter its "
+             "gradient, free.")
 
 
 def _order(names, idx):
     return ", ".join(names[i] for i in idx)
 
 
-def memory(result, case, backend):
-    info, n = case.info, case.world_size
+def memory(result, case, backend, stage="ZeRO-3", shards=None, share="1/N"):
+    """Measured memory within the bounds of a rank holding ``share`` (1/``shards``,
+    default 1/N) of the model and a few units in full (``stage``: the words)."""
+    info, n = case.info, shards or case.world_size
     if not info["measure"] or backend != "sim":
         return None
     unit = 8 * max(info["pads"])
@@ -287,14 +301,14 @@ def memory(result, case, backend):
                     case.label, "memory: what a rank keeps between steps",
                     f"after step {t + 1} rank {r} still holds {int(kept)} bytes more than "
                     f"before it: {kept / full:.2f} copies of the whole model",
-                    expected="nothing: a ZeRO-3 rank keeps only its shards and its 1/N of "
-                             "Adam's moments, all handed to it",
+                    expected=f"nothing: a {stage} rank keeps only its shards and its "
+                             f"{share} of Adam's moments, all handed to it",
                     got=f"{int(kept)} bytes kept",
                     hint="Drop every full parameter vector and gradient when its unit is "
                          "done; keep no caches between steps.")
             if peak > peak_bound:
                 return Failure(
-                    case.label, "memory: peak per rank within ZeRO-3's bound",
+                    case.label, f"memory: peak per rank within {stage}'s bound",
                     f"during step {t + 1} rank {r} held up to {int(peak)} bytes more than "
                     f"when the step began: {peak / full:.2f} copies of the whole model "
                     f"({full} bytes), {peak / unit:.1f} times its largest unit",
@@ -312,7 +326,7 @@ def memory(result, case, backend):
     # Adam's m and v (4 Psi / N), and a few units in full: never the whole model.
     state = 4 * full // n
     return (resident_loaded(result, case)
-            or resident_marks(result, case, C.STEPS, state, KEEP_UNITS * unit, "ZeRO-3")
+            or resident_marks(result, case, C.STEPS, state, KEEP_UNITS * unit, stage)
             or resident_peak(result, case, state + peak_bound,
-                             f"ZeRO-3's shards and Adam's moments ({state / 2**20:.1f} MiB), "
+                             f"{stage}'s shards and Adam's moments ({state / 2**20:.1f} MiB), "
                              f"{PEAK_UNITS} units in full and the activations"))
