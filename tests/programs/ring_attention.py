@@ -142,6 +142,22 @@ def local_mask(comm, q, k, v, causal):
     return _ring(comm, q, k, v, causal, _lse_merge, q_rule="local")
 
 
+def local_mask_skipping(comm, q, k, v, causal):
+    """Later ranks' blocks skipped, as the notebook says, but every block masked with
+    positions inside it (a red team's program: the grader named no mistake)."""
+    c, r = comm.world_size, comm.rank
+    n = q.shape[2]
+    kv, out, lse = np.stack([k, v]), None, None
+    for t in range(c):
+        origin = (r - t) % c
+        if not causal or origin <= r:
+            block = _block(q, kv[0], kv[1], np.arange(n), np.arange(n), causal)
+            out, lse = _merge(out, lse, *block)
+        if t < c - 1:
+            kv = comm.sendrecv(kv, (r + 1) % c, (r - 1) % c)
+    return out
+
+
 def wrong_direction(comm, q, k, v, causal):
     """Blocks passed left, their origin counted as if they came from the left."""
     return _ring(comm, q, k, v, causal, _lse_merge, way=-1, counted=1)

@@ -190,6 +190,8 @@ def mask(case, r, rule="global"):
         return np.ones((n, c * n), bool)
     if rule == "local":
         return keys[None, :] % n <= np.arange(n)[:, None]
+    if rule == "local skipped":        # later ranks' blocks skipped, the others masked locally
+        return (keys[None, :] // n <= r) & (keys[None, :] % n <= np.arange(n)[:, None])
     if rule == "strict":
         return keys[None, :] < positions(case, r)[:, None]
     if rule == "blocks":               # whole blocks up to the rank's own, none masked
@@ -347,6 +349,10 @@ def _mask_mistakes(case):
     return [("local", lambda r: _masked(case, r, mask(case, r, "local")),
              "the causal mask applied with positions inside each block (key j <= query i, "
              "local indices) instead of global positions", MASK),
+            ("local skipped", lambda r: _masked(case, r, mask(case, r, "local skipped")),
+             "later ranks' blocks rightly skipped, but the others masked with positions "
+             "inside each block (key j <= query i, local indices): the earlier ranks' blocks, "
+             "wholly in the past, lost their later keys", MASK),
             ("future", lambda r: _masked(case, r, mask(case, r, "future")),
              "later ranks' blocks were attended to: they are wholly in the future, only the "
              "diagonal block is partly masked", MASK),

@@ -48,6 +48,8 @@ WRONG = [
     (P.no_correction, RESULT, ["forgot the factor exp(m_old - m_new)"]),
     (P.local_mask, RESULT, ["positions inside each block", "instead of global positions",
                             "Compare global positions"]),
+    (P.local_mask_skipping, RESULT, ["later ranks' blocks rightly skipped",
+                                     "positions inside each block", "Compare global positions"]),
     (P.wrong_direction, RESULT, ["masked with the positions of the block coming the other way",
                                  "passing left, (rank + t) % c's"]),
     (P.last_only, RESULT, ["the last block's result only", "replaced the one before"]),
