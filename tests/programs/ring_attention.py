@@ -158,6 +158,24 @@ def local_mask_skipping(comm, q, k, v, causal):
     return out
 
 
+def two_ranks_on(comm, q, k, v, causal):
+    """The solution's ring, but each hop to rank + 2 and from rank - 2: the blocks
+    held are not the ones counted (a red team's program: the output failed first,
+    with no word of the messages)."""
+    c, r = comm.world_size, comm.rank
+    n = q.shape[2]
+    kv, out, lse = np.stack([k, v]), None, None
+    for t in range(c):
+        origin = (r - t) % c
+        if not causal or origin <= r:
+            block = _block(q, kv[0], kv[1], np.arange(r * n, (r + 1) * n),
+                           np.arange(origin * n, (origin + 1) * n), causal)
+            out, lse = _merge(out, lse, *block)
+        if t < c - 1:
+            kv = comm.sendrecv(kv, (r + 2) % c, (r - 2) % c)
+    return out
+
+
 def wrong_direction(comm, q, k, v, causal):
     """Blocks passed left, their origin counted as if they came from the left."""
     return _ring(comm, q, k, v, causal, _lse_merge, way=-1, counted=1)

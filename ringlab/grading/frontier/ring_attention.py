@@ -149,12 +149,14 @@ def check(program, case, backend="sim"):
     if failure:
         return failure
     want = expected(case)
+    neighbours = functools.partial(checks.ring_neighbours, result.trace, case, "ring",
+                                   "a gather to one rank (its links carry every block)")
     for r, out in enumerate(outputs):
         if not close(out, want[r]):
-            return wrong_output(case, r, outputs, want)
-    return (alone(result.trace, case) or gathered(result.trace, case)
-            or checks.ring_neighbours(result.trace, case, "ring",
-                                      "a gather to one rank (its links carry every block)")
+            # Blocks that came from a rank other than the left (or right) neighbour are
+            # why the origins, and so the output, are wrong: say so first.
+            return neighbours() or wrong_output(case, r, outputs, want)
+    return (alone(result.trace, case) or gathered(result.trace, case) or neighbours()
             or contents(result, case) or volume(result.trace, case)
             or memory(peaks, case))
 

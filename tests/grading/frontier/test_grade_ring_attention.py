@@ -50,6 +50,8 @@ WRONG = [
                             "Compare global positions"]),
     (P.local_mask_skipping, RESULT, ["later ranks' blocks rightly skipped",
                                      "positions inside each block", "Compare global positions"]),
+    (P.two_ranks_on, "messages go only between ring neighbours",
+     ["rank 0 sent to rank 2, which is not its neighbour"]),
     (P.wrong_direction, RESULT, ["masked with the positions of the block coming the other way",
                                  "passing left, (rank + t) % c's"]),
     (P.last_only, RESULT, ["the last block's result only", "replaced the one before"]),
