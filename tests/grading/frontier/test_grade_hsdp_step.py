@@ -186,3 +186,18 @@ def test_the_graders_reference_is_data_parallel_adam():
                       kwargs=dict(sizes=info["sizes"], seed=info["seed"], lr=info["lr"]))
     assert np.allclose(res.outputs[0][1], common.final_vector(info, info["ref"]),
                        rtol=0, atol=1e-12)
+
+
+def never_gathers(comm, mesh, model, opt, x, y, batch_size):
+    """Forward on units whose parameters were never gathered (None): numpy says
+    "x @ None: not enough dimensions", with no 'NoneType' in it (a red team's program)."""
+    for unit in model.units:
+        for layer in unit.layers:
+            x = layer.forward(x)
+    return 0.0
+
+
+def test_a_unit_never_gathered_is_named_even_when_numpy_does_not_say_none():
+    report = grade(never_gathers)
+    assert not report.passed and report.failure.check == "the program runs without error"
+    assert "has no parameters (None) unless you gathered them" in str(report), str(report)
