@@ -285,6 +285,30 @@ def allgather_lean(comm, q, k, v, causal):
     return out
 
 
+def values_and_scores_kept(comm, q, k, v, causal):
+    """The ring's messages (K and V as two), but no merge: every V block that
+    arrives is kept, with the queries' whole row of scores, and one softmax at the
+    end (a red team's program: on 8 ranks it held 11-12 blocks, under the bound of
+    14; the whole sequence's V is c - 1 blocks of it)."""
+    c, r = comm.world_size, comm.rank
+    n = q.shape[2]
+    q_pos = np.arange(r * n, (r + 1) * n)
+    scores, values = np.empty(q.shape[:3] + (c * n,)), [None] * c
+    kb, vb = k, v
+    for t in range(c):
+        o = (r - t) % c
+        s = q @ kb.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+        if causal:
+            s = np.where(np.arange(o * n, (o + 1) * n)[None, :] > q_pos[:, None], -np.inf, s)
+        scores[..., o * n:(o + 1) * n], values[o] = s, vb
+        if t < c - 1:
+            kb = comm.sendrecv(kb, (r + 1) % c, (r - 1) % c)
+            vb = comm.sendrecv(vb, (r + 1) % c, (r - 1) % c)
+    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return sum(scores[..., o * n:(o + 1) * n] @ values[o] for o in range(c))
+
+
 def whole_sequence(comm, q, k, v, causal):
     """Each hop sends everything the rank holds so far: a gather in c - 1 hops."""
     c, r = comm.world_size, comm.rank

@@ -11,7 +11,7 @@ sees keys at positions <= i) when ``causal`` is true.
 Checks, on world sizes 1 to 8, causal and not, random data and shapes drawn
 from the seed (except the first case), one case of large scores (|q.k| in
 the thousands: exp overflows without the max) and one case that measures
-memory (8 ranks, head_dim large next to n: K/V dominate, the shape drawn too):
+memory (16 ranks, head_dim large next to n: K/V dominate, the shape drawn too):
 
 1. it runs: no exception, deadlock, endless loop or unreceived message;
 2. every rank returns its output block, a plain float64 array, equal to
@@ -32,10 +32,12 @@ memory (8 ranks, head_dim large next to n: K/V dominate, the shape drawn too):
 7. volume: every rank sends the K and V of c - 1 blocks (its own and the
    c - 2 it received before the last hop), 2(c-1) b h n d x 8 bytes, causal
    or not (the ring moves in lock-step), and so receives every other rank's;
-8. memory, measured per rank with tracemalloc (``kit/memory.py``, as for ZeRO):
-   at most 2c - 2 = 14 K/V blocks' worth above the inputs (the ring's
-   programs hold 7 to 9), while a rank that keeps every block, or gathers
-   K and V, holds the whole sequence's 2c = 16 and more.
+8. memory, measured per rank with tracemalloc (``kit/memory.py``, as for ZeRO),
+   on 16 ranks: at most 14 K/V blocks' worth above the inputs (the ring's
+   programs hold 7 to 9, whatever c), while a rank that keeps every V block
+   that arrives (with its whole row of scores, one softmax at the end) holds
+   c - 1 = 15 and more, and one that keeps every block, or gathers K and V,
+   the whole sequence's 2c = 32.
 
 Any correct ring passes: blocks passed right or left, K and V stacked in one
 message or sent as two, sendrecv, isend/irecv or ``comm.start``.
@@ -62,10 +64,12 @@ DEPENDS_ON_ALL = True
 TOLERANCE = 1e-9
 CHECK = "every rank's output equals attention over the whole sequence"
 WORLDS = (4, 3, 5, 6, 7, 8, 2, 1)
-MEASURED = 8                            # ranks of the measured case; its shape from the seed
+MEASURED = 16                           # ranks of the measured case; its shape from the seed
 # K/V blocks' worth a rank may hold at its peak: the ring's programs hold 7 to 9
-# (a block, the next, the output and the merge's temporaries); gathering keeps 2c = 16.
-MEMORY_BLOCKS = 2 * MEASURED - 2
+# whatever c (a block, the next, the output and the merge's temporaries); keeping
+# every V block that arrives (scores kept, one softmax at the end) holds c - 1 = 15
+# and more, gathering K and V 2c = 32. On 8 ranks keeping V alone (11-12) fitted.
+MEMORY_BLOCKS = 14
 LARGE = 400.0                           # q scaled so that scores reach the thousands
 
 

@@ -34,7 +34,7 @@ def grade(program, seed=0):
 def test_right_programs_pass(program):
     report = grade(program)
     assert report.passed, str(report)
-    assert report.cases_total == 18 and report.world_sizes == (1, 2, 3, 4, 5, 6, 7, 8)
+    assert report.cases_total == 18 and report.world_sizes == (1, 2, 3, 4, 5, 6, 7, 8, 16)
 
 
 def test_the_solution_passes_on_another_seed():
@@ -78,15 +78,16 @@ CHEATS = [
     (P.allgather_library, "K/V travel one block per hop, never gathered",
      ["'ring_allgather': K/V gathered with an AllGather", "all-gather context parallelism"]),
     (P.allgather_by_hand, MEMORY, ["memory measured", "K/V blocks of",
-                                   "the whole sequence's K and V: 16 blocks", "at most 14"]),
-    (P.allgather_lean, MEMORY, ["the whole sequence's K and V: 16 blocks"]),
+                                   "the whole sequence's K and V: 32 blocks", "at most 14"]),
+    (P.allgather_lean, MEMORY, ["the whole sequence's K and V: 32 blocks"]),
+    (P.values_and_scores_kept, MEMORY, ["world_size=16", "at most 14 blocks"]),
     (P.whole_sequence, CONTENTS, ["at step 2 rank 0 sent rank 1 blocks of ranks 0, 3 in one "
                                   "message: a gather of the sequence"]),
     (P.globals_numpy, "every rank passes on c - 1 K/V blocks",
      ["rank 0 sent nothing", "only messages can bring them"]),
     # the ring's messages for show: in one process the output from the dict is right,
     # but the dict holds every rank's blocks at once
-    (P.globals_and_ring, MEMORY, ["the whole sequence's K and V: 16 blocks"]),
+    (P.globals_and_ring, MEMORY, ["the whole sequence's K and V: 32 blocks"]),
 ]
 
 
@@ -155,7 +156,7 @@ def test_the_grader_counts_what_the_reference_sends():
 
 def test_cases_are_hidden_and_cover_the_worlds():
     cases = list(RA.cases(np.random.default_rng(0)))
-    assert {c.world_size for c in cases} == set(range(1, 9))
+    assert {c.world_size for c in cases} == set(range(1, 9)) | {RA.MEASURED}
     assert {(c.world_size, c.info["causal"]) for c in cases} >= {(w, x) for w in range(1, 9)
                                                                 for x in (True, False)}
     assert sum(c.info["measure"] for c in cases) == 1
