@@ -309,6 +309,33 @@ def values_and_scores_kept(comm, q, k, v, causal):
     return sum(scores[..., o * n:(o + 1) * n] @ values[o] for o in range(c))
 
 
+def scores_row_kept(comm, q, k, v, causal):
+    """Two passes round the ring, K then V (the same messages and bytes), with the
+    queries' whole row of scores kept for one softmax in between: no merge (a red
+    team's program: K/V-sized memory alone did not show it)."""
+    c, r = comm.world_size, comm.rank
+    n = q.shape[2]
+    q_pos = np.arange(r * n, (r + 1) * n)
+    scores, kb = np.empty(q.shape[:3] + (c * n,)), k
+    for t in range(c):
+        o = (r - t) % c
+        s = q @ kb.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+        if causal:
+            s = np.where(np.arange(o * n, (o + 1) * n)[None, :] > q_pos[:, None], -np.inf, s)
+        scores[..., o * n:(o + 1) * n] = s
+        if t < c - 1:
+            kb = comm.sendrecv(kb, (r + 1) % c, (r - 1) % c)
+    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    scores /= scores.sum(axis=-1, keepdims=True)
+    out, vb = np.zeros_like(q), v
+    for t in range(c):
+        o = (r - t) % c
+        out += scores[..., o * n:(o + 1) * n] @ vb
+        if t < c - 1:
+            vb = comm.sendrecv(vb, (r + 1) % c, (r - 1) % c)
+    return out
+
+
 def whole_sequence(comm, q, k, v, causal):
     """Each hop sends everything the rank holds so far: a gather in c - 1 hops."""
     c, r = comm.world_size, comm.rank
