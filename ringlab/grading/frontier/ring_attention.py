@@ -11,7 +11,8 @@ sees keys at positions <= i) when ``causal`` is true.
 Checks, on world sizes 1 to 8, causal and not, random data and shapes drawn
 from the seed (except the first case), one case of large scores (|q.k| in
 the thousands: exp overflows without the max) and one case that measures
-memory (8 ranks, head_dim large next to n: K/V dominate, the shape drawn too):
+memory (16 ranks, n large next to head_dim: a block's n x n scores outweigh its
+K/V, the shape drawn too):
 
 1. it runs: no exception, deadlock, endless loop or unreceived message;
 2. every rank returns its output block, a plain float64 array, equal to
@@ -32,10 +33,13 @@ memory (8 ranks, head_dim large next to n: K/V dominate, the shape drawn too):
 7. volume: every rank sends the K and V of c - 1 blocks (its own and the
    c - 2 it received before the last hop), 2(c-1) b h n d x 8 bytes, causal
    or not (the ring moves in lock-step), and so receives every other rank's;
-8. memory, measured per rank with tracemalloc (``kit/memory.py``, as for ZeRO):
-   at most 2c - 2 = 14 K/V blocks' worth above the inputs (the ring's
-   programs hold 7 to 9), while a rank that keeps every block, or gathers
-   K and V, holds the whole sequence's 2c = 16 and more.
+8. memory, measured per rank with tracemalloc (``kit/memory.py``, as for ZeRO),
+   on 16 ranks: at most 14 K/V blocks and 4 blocks of scores (b h n n) above
+   the inputs (the ring's programs hold about 8 and 3, whatever c), while a
+   rank that keeps its queries' whole row of scores (b h n s: 16 blocks of
+   scores, two passes round the ring, one softmax), every V block that
+   arrives (c - 1 = 15), or every K and V block (a gather, 2c = 32) holds
+   more.
 
 Any correct ring passes: blocks passed right or left, K and V stacked in one
 message or sent as two, sendrecv, isend/irecv or ``comm.start``.
@@ -62,10 +66,15 @@ DEPENDS_ON_ALL = True
 TOLERANCE = 1e-9
 CHECK = "every rank's output equals attention over the whole sequence"
 WORLDS = (4, 3, 5, 6, 7, 8, 2, 1)
-MEASURED = 8                            # ranks of the measured case; its shape from the seed
-# K/V blocks' worth a rank may hold at its peak: the ring's programs hold 7 to 9
-# (a block, the next, the output and the merge's temporaries); gathering keeps 2c = 16.
-MEMORY_BLOCKS = 2 * MEASURED - 2
+MEASURED = 16                           # ranks of the measured case; its shape from the seed
+# K/V blocks' worth a rank may hold at its peak: the ring's programs hold about 8
+# whatever c (a block, the next, the output and the merge's temporaries); keeping
+# every V block that arrives (scores kept, one softmax at the end) holds c - 1 = 15
+# and more, gathering K and V 2c = 32. On 8 ranks keeping V alone (11-12) fitted.
+MEMORY_BLOCKS = 14
+# and blocks of scores (b h n n): a block's scores, its exp and the merge's product
+# (the ring's programs hold about 3); the whole row of scores is c = 16 of them.
+SCORE_BLOCKS = 4
 LARGE = 400.0                           # q scaled so that scores reach the thousands
 
 
@@ -102,8 +111,10 @@ def cases(rng):
             yield make_case(rng, c, dims, causal)
     yield make_case(rng, 4, (1, 2, 4, 4), True, scale=LARGE,
                     note=f", large scores (q x {LARGE:g}: exp overflows without the max)")
-    # head_dim large next to n: K/V, not the scores, fill memory; 7 to 13.5 KiB a block
-    dims = (1, 2, int(rng.integers(8, 13)), int(rng.integers(56, 73)))
+    # n large next to head_dim: a block's scores (16-36 KiB) outweigh its K/V (6-12.5
+    # KiB each), so that keeping a query's whole row of scores shows as well as
+    # keeping every K/V block.
+    dims = (1, 2, int(rng.integers(32, 49)), int(rng.integers(12, 17)))
     yield make_case(rng, MEASURED, dims, False, measure=True, note=", memory measured")
 
 
@@ -149,12 +160,14 @@ def check(program, case, backend="sim"):
     if failure:
         return failure
     want = expected(case)
+    neighbours = functools.partial(checks.ring_neighbours, result.trace, case, "ring",
+                                   "a gather to one rank (its links carry every block)")
     for r, out in enumerate(outputs):
         if not close(out, want[r]):
-            return wrong_output(case, r, outputs, want)
-    return (alone(result.trace, case) or gathered(result.trace, case)
-            or checks.ring_neighbours(result.trace, case, "ring",
-                                      "a gather to one rank (its links carry every block)")
+            # Blocks that came from a rank other than the left (or right) neighbour are
+            # why the origins, and so the output, are wrong: say so first.
+            return neighbours() or wrong_output(case, r, outputs, want)
+    return (alone(result.trace, case) or gathered(result.trace, case) or neighbours()
             or contents(result, case) or volume(result.trace, case)
             or memory(peaks, case))
 
@@ -190,6 +203,8 @@ def mask(case, r, rule="global"):
         return np.ones((n, c * n), bool)
     if rule == "local":
         return keys[None, :] % n <= np.arange(n)[:, None]
+    if rule == "local skipped":        # later ranks' blocks skipped, the others masked locally
+        return (keys[None, :] // n <= r) & (keys[None, :] % n <= np.arange(n)[:, None])
     if rule == "strict":
         return keys[None, :] < positions(case, r)[:, None]
     if rule == "blocks":               # whole blocks up to the rank's own, none masked
@@ -347,6 +362,10 @@ def _mask_mistakes(case):
     return [("local", lambda r: _masked(case, r, mask(case, r, "local")),
              "the causal mask applied with positions inside each block (key j <= query i, "
              "local indices) instead of global positions", MASK),
+            ("local skipped", lambda r: _masked(case, r, mask(case, r, "local skipped")),
+             "later ranks' blocks rightly skipped, but the others masked with positions "
+             "inside each block (key j <= query i, local indices): the earlier ranks' blocks, "
+             "wholly in the past, lost their later keys", MASK),
             ("future", lambda r: _masked(case, r, mask(case, r, "future")),
              "later ranks' blocks were attended to: they are wholly in the future, only the "
              "diagonal block is partly masked", MASK),
@@ -401,6 +420,12 @@ def wrong_output(case, r, outputs, want):
 
 
 # -- 3.-7. the ring's messages ------------------------------------------------------------
+
+def memory_bound(case):
+    """Bytes a rank may hold at its peak above its inputs (check 8)."""
+    b, h, n, _ = case.info["dims"]
+    return MEMORY_BLOCKS * block_bytes(case) + SCORE_BLOCKS * 8 * b * h * n * n
+
 
 def block_bytes(case):
     return 8 * int(np.prod(case.info["dims"]))
@@ -539,11 +564,13 @@ def volume(trace, case):
 
 
 def memory(peaks, case):
-    """Check 8: a rank's peak above its inputs, at most MEMORY_BLOCKS K/V blocks."""
+    """Check 8: a rank's peak above its inputs, at most MEMORY_BLOCKS K/V blocks
+    and SCORE_BLOCKS blocks of scores."""
     if peaks is None:
         return None
     size, c = block_bytes(case), case.world_size
-    bound = MEMORY_BLOCKS * size
+    b, h, n, _ = case.info["dims"]
+    scores, bound = 8 * b * h * n * n, memory_bound(case)
     for r, peak in enumerate(peaks):
         if peak is None or peak < 0:
             return Failure(case.label, "memory: peak per rank, measured",
@@ -553,13 +580,18 @@ def memory(peaks, case):
             return Failure(case.label, "memory: peak per rank, measured",
                            f"rank {r} held up to {int(peak)} bytes above its inputs: "
                            f"{peak / size:.1f} K/V blocks of {size} bytes (the whole "
-                           f"sequence's K and V: {2 * c} blocks)",
-                           expected=f"at most {MEMORY_BLOCKS} blocks, {bound} bytes: the "
-                                    f"block you attend to, the one arriving, the output "
+                           f"sequence's K and V: {2 * c} blocks), or {peak / scores:.1f} "
+                           f"blocks of scores of {scores} bytes (a query's whole row of "
+                           f"scores: {c} blocks)",
+                           expected=f"at most {MEMORY_BLOCKS} K/V blocks and {SCORE_BLOCKS} "
+                                    f"blocks of scores, {bound} bytes: the block you attend "
+                                    f"to, the one arriving, the output, one block's scores "
                                     f"and the merge's temporaries",
                            got=f"{int(peak)} bytes",
                            hint="Ring attention holds one foreign block at a time: attend "
                                 "to it, merge, pass it on, and let it go. Keeping every "
                                 "block that arrives (or gathering K and V first) holds the "
-                                "whole sequence on every rank.")
+                                "whole sequence on every rank; keeping every block's scores "
+                                "for one softmax at the end holds a query's whole row of "
+                                "scores. Merge block by block with the log-sum-exp rule.")
     return None

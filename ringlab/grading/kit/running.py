@@ -75,7 +75,9 @@ def run_case(program, case, backend="sim", **kw):
         return None, Failure(case.label, "no deadlock", str(e) + (f"\n{words}" if words else ""),
                              hint=hint, error=e)
     except ProgramTimeout as e:
-        return None, Failure(case.label, "the program finishes", str(e), error=e)
+        # Where each rank was stopped: the learner's frames only, as for an error.
+        return None, Failure(case.label, "the program finishes", without_grader_frames(str(e)),
+                             error=e)
     except UnreceivedMessagesError as e:
         return None, Failure(case.label, "every message sent is received", str(e),
                              hint="Count the sends and receives each rank makes: they must match "

@@ -195,7 +195,8 @@ def check(program, case, backend="sim"):
 def explain_error(failure):
     from .zero1_step import explain_error as shapes
     text = f"{failure.what}\n{failure.got or ''}"
-    if "NoneType" in text:
+    # x @ None: numpy reads None as a 0-d array ("does not have enough dimensions (has 0").
+    if "NoneType" in text or "does not have enough dimensions (has 0," in text:
         failure.hint = ("A unit's layer has no parameters (None) unless you gathered them. "
                         "Freed after forward, they must be gathered again before the unit's "
                         "backward (AllGather, then layer.params.update(unit.views(full))), "

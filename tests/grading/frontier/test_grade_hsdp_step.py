@@ -186,3 +186,60 @@ def test_the_graders_reference_is_data_parallel_adam():
                       kwargs=dict(sizes=info["sizes"], seed=info["seed"], lr=info["lr"]))
     assert np.allclose(res.outputs[0][1], common.final_vector(info, info["ref"]),
                        rtol=0, atol=1e-12)
+
+
+def never_gathers(comm, mesh, model, opt, x, y, batch_size):
+    """Forward on units whose parameters were never gathered (None): numpy says
+    "x @ None: not enough dimensions", with no 'NoneType' in it (a red team's program)."""
+    for unit in model.units:
+        for layer in unit.layers:
+            x = layer.forward(x)
+    return 0.0
+
+
+def test_a_unit_never_gathered_is_named_even_when_numpy_does_not_say_none():
+    report = grade(never_gathers)
+    assert not report.passed and report.failure.check == "the program runs without error"
+    assert "has no parameters (None) unless you gathered them" in str(report), str(report)
+
+
+def _divided_by(axis):
+    """The solution with the mean gradient divided by the size of one mesh axis
+    instead of weighted by len(x) / batch_size (a red team's program: not named)."""
+    def step(comm, mesh, model, opt, x, y, batch_size):
+        from ringlab.collectives import ring_allgather, ring_allreduce, ring_reduce_scatter
+        from ringlab.nn import mse
+        shard, replicate = mesh.group("shard"), mesh.group("replicate")
+
+        def gather(unit):
+            unit.layer.params.update(unit.views(ring_allgather(shard, unit.shard)))
+
+        def free(unit):
+            for name in unit.shapes:
+                unit.layer.params[name] = unit.layer.grads[name] = None
+        for unit in model.units:
+            gather(unit)
+            for layer in unit.layers:
+                x = layer.forward(x)
+            free(unit)
+        loss, dy = mse(x, y)
+        for unit in reversed(model.units):
+            gather(unit)
+            grad = np.zeros(unit.padded)
+            unit.layer.grads.update(unit.views(grad))
+            for layer in reversed(unit.layers):
+                dy = layer.backward(dy)
+            grad /= mesh.group(axis).world_size
+            unit.grad_shard[...] = ring_reduce_scatter(shard, grad)
+            ring_allreduce(replicate, unit.grad_shard, out=unit.grad_shard)
+            free(unit)
+        opt.step(model.grad_shards())
+        return loss
+    return step
+
+
+@pytest.mark.parametrize("axis, letter", [("shard", "S"), ("replicate", "R")])
+def test_a_gradient_divided_by_one_axis_is_named(axis, letter):
+    report = grade(_divided_by(axis))
+    assert not report.passed and report.failure.check == "parameters equal data-parallel Adam"
+    assert f"each rank's mean gradient divided by {letter}" in str(report), str(report)

@@ -159,3 +159,21 @@ def test_isolated_ranks_pass_the_solution_and_stop_the_reference_and_the_cheats(
         assert "summed without their gates" in str(wrong)
     finally:
         cloudpickle.unregister_pickle_by_value(P)
+
+
+def test_a_timeout_shows_the_learner_s_frames_not_the_driver_s():
+    """An endless loop is stopped with the traceback of where it ran: the learner's
+    frames, never the grader's driver (a red team's finding: `drive` showed)."""
+    from ringlab.grading.kit.running import run_case
+    import functools
+
+    def endless(comm, tokens, gates, expert):
+        while True:
+            pass
+    case = next(MD.cases(np.random.default_rng(0)))
+    _, failure = run_case(functools.partial(MD.drive, learner=endless), case, "sim",
+                          timeout=0.5)
+    assert failure.check == "the program finishes"
+    assert "in endless" in failure.what and "stopped here by the time limit" in failure.what
+    assert "in drive" not in failure.what
+    assert "ringlab/grading/frontier/moe_dispatch_combine.py" not in failure.what
