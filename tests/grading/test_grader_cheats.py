@@ -421,7 +421,7 @@ CHEATS = [
     ("ring_attention", RA.globals_numpy, "every rank passes on c - 1 K/V blocks",
      ["rank 0 sent nothing"]),
     ("ring_attention", RA.allgather_by_hand, "memory: peak per rank, measured",
-     ["the whole sequence's K and V: 16 blocks"]),
+     ["the whole sequence's K and V: 32 blocks"]),
     ("moe_dispatch_combine", MP.zeros_and_shared_memory,
      "only tokens and their outputs travel, after the counts",
      ["rows that are not exactly rank 0's tokens routed to rank 1"]),
