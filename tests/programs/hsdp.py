@@ -280,3 +280,39 @@ def own_shard_repeated(comm, mesh, model, opt, x, y, batch_size):
     def gather(group, unit):
         unit.layer.params.update(unit.views(allgather(group, unit.shard)))
     return solution(comm, mesh, model, opt, x, y, batch_size, gather=gather)
+
+
+def bucketed_replicate_allreduce(comm, mesh, model, opt, x, y, batch_size):
+    """A right HSDP step whose replicate AllReduce is one bucket of every unit's
+    gradient shard, after backward (a red team's program): the grader reads one
+    unit per AllReduce, and its hint says so."""
+    shard, replicate = mesh.group("shard"), mesh.group("replicate")
+
+    def gather(unit):
+        unit.layer.params.update(unit.views(ring_allgather(shard, unit.shard)))
+
+    def free(unit):
+        for name in unit.shapes:
+            unit.layer.params[name] = unit.layer.grads[name] = None
+
+    for unit in model.units:
+        gather(unit)
+        for layer in unit.layers:
+            x = layer.forward(x)
+        free(unit)
+    loss, dy = mse(x, y)
+    for unit in reversed(model.units):
+        gather(unit)
+        grad = np.zeros(unit.padded)
+        unit.layer.grads.update(unit.views(grad))
+        for layer in reversed(unit.layers):
+            dy = layer.backward(dy)
+        grad *= len(x) / batch_size
+        unit.grad_shard[...] = ring_reduce_scatter(shard, grad)
+        free(unit)
+    flat = ring_allreduce(replicate, np.concatenate([u.grad_shard for u in model.units]))
+    ends = np.cumsum([u.grad_shard.size for u in model.units])[:-1]
+    for unit, part in zip(model.units, np.split(flat, ends)):
+        unit.grad_shard[...] = part
+    opt.step(model.grad_shards())
+    return loss

@@ -262,4 +262,8 @@ def unlabelled(case, labels, e, p):
                    got=got,
                    hint="The grader reads every message. Send the real parameters and the "
                         "real gradients (padded at the end to unit.padded, a multiple of S), "
-                        "each unit on its own, as Part 1's ring collectives cut them.")
+                        "each unit on its own, as Part 1's ring collectives cut them."
+                        + (" Each unit's grad_shard is AllReduced on its own, after its "
+                           "ReduceScatter: one AllReduce of several units' shards together "
+                           "(a bucket, as FSDP can do) is not what this exercise grades."
+                           if group == "replicate" else ""))

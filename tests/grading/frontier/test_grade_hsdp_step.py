@@ -243,3 +243,11 @@ def test_a_gradient_divided_by_one_axis_is_named(axis, letter):
     report = grade(_divided_by(axis))
     assert not report.passed and report.failure.check == "parameters equal data-parallel Adam"
     assert f"each rank's mean gradient divided by {letter}" in str(report), str(report)
+
+
+def test_a_bucketed_replicate_allreduce_is_told_the_grader_reads_one_unit_per_allreduce():
+    """A limit, stated: one AllReduce of every unit's shard is right HSDP, but the
+    exercise grades one AllReduce per unit, and the report's hint says so."""
+    report = grade(P.bucketed_replicate_allreduce)
+    assert not report.passed and report.failure.check == "every message carries parameters or gradients"
+    assert "in its replicate group" in str(report) and "(a bucket" in str(report), str(report)
