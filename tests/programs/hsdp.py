@@ -287,29 +287,13 @@ def bucketed_replicate_allreduce(comm, mesh, model, opt, x, y, batch_size):
     gradient shard, after backward (a red team's program): the grader reads one
     unit per AllReduce, and its hint says so."""
     shard, replicate = mesh.group("shard"), mesh.group("replicate")
-
-    def gather(unit):
-        unit.layer.params.update(unit.views(ring_allgather(shard, unit.shard)))
-
-    def free(unit):
-        for name in unit.shapes:
-            unit.layer.params[name] = unit.layer.grads[name] = None
-
-    for unit in model.units:
-        gather(unit)
-        for layer in unit.layers:
-            x = layer.forward(x)
-        free(unit)
-    loss, dy = mse(x, y)
+    loss, dy = mse(_forward(shard, model.units, x), y)
     for unit in reversed(model.units):
-        gather(unit)
-        grad = np.zeros(unit.padded)
-        unit.layer.grads.update(unit.views(grad))
-        for layer in reversed(unit.layers):
-            dy = layer.backward(dy)
+        _gather(shard, unit)
+        dy, grad = _backward(unit, dy)
         grad *= len(x) / batch_size
         unit.grad_shard[...] = ring_reduce_scatter(shard, grad)
-        free(unit)
+        _free(unit)
     flat = ring_allreduce(replicate, np.concatenate([u.grad_shard for u in model.units]))
     ends = np.cumsum([u.grad_shard.size for u in model.units])[:-1]
     for unit, part in zip(model.units, np.split(flat, ends)):

@@ -257,16 +257,14 @@ MISTAKES = [
     ("weighted by the share of one replica's rows (times R)",
      lambda g, rows, b, n, s, info: sum(gr[s] for gr in g) * info["mesh"][0],
      "batch_size is the global batch over all N ranks: weight by len(x) / batch_size."),
-    ("each rank's mean gradient divided by S (the shard group's size) instead of weighted "
-     "by len(x) / batch_size",
-     lambda g, rows, b, n, s, info: sum(gr[s] * b / k for gr, k in zip(g, rows)) / info["mesh"][1],
-     "The ReduceScatter and the AllReduce sum over all N ranks: weight your mean gradient by "
-     "its share of the global batch, len(x) / batch_size, not by 1 / S."),
-    ("each rank's mean gradient divided by R (the replicas) instead of weighted by "
+] + [
+    (f"each rank's mean gradient divided by {letter} ({axis}) instead of weighted by "
      "len(x) / batch_size",
-     lambda g, rows, b, n, s, info: sum(gr[s] * b / k for gr, k in zip(g, rows)) / info["mesh"][0],
+     lambda g, rows, b, n, s, info, i=i: sum(gr[s] * b / k for gr, k in zip(g, rows))
+     / info["mesh"][i],
      "The ReduceScatter and the AllReduce sum over all N ranks: weight your mean gradient by "
-     "its share of the global batch, len(x) / batch_size, not by 1 / R."),
+     f"its share of the global batch, len(x) / batch_size, not by 1 / {letter}.")
+    for i, letter, axis in ((1, "S", "the shard group's size"), (0, "R", "the replicas"))
 ] + C.MISTAKES
 
 

@@ -423,12 +423,17 @@ def wrong_output(case, r, outputs, want):
 
 def memory_bound(case):
     """Bytes a rank may hold at its peak above its inputs (check 8)."""
-    b, h, n, _ = case.info["dims"]
-    return MEMORY_BLOCKS * block_bytes(case) + SCORE_BLOCKS * 8 * b * h * n * n
+    return MEMORY_BLOCKS * block_bytes(case) + SCORE_BLOCKS * score_bytes(case)
 
 
 def block_bytes(case):
     return 8 * int(np.prod(case.info["dims"]))
+
+
+def score_bytes(case):
+    """One block's scores, (b, h, n, n) float64."""
+    b, h, n, _ = case.info["dims"]
+    return 8 * b * h * n * n
 
 
 def alone(trace, case):
@@ -569,8 +574,7 @@ def memory(peaks, case):
     if peaks is None:
         return None
     size, c = block_bytes(case), case.world_size
-    b, h, n, _ = case.info["dims"]
-    scores, bound = 8 * b * h * n * n, memory_bound(case)
+    scores, bound = score_bytes(case), memory_bound(case)
     for r, peak in enumerate(peaks):
         if peak is None or peak < 0:
             return Failure(case.label, "memory: peak per rank, measured",

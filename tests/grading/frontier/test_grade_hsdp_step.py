@@ -207,34 +207,8 @@ def _divided_by(axis):
     """The solution with the mean gradient divided by the size of one mesh axis
     instead of weighted by len(x) / batch_size (a red team's program: not named)."""
     def step(comm, mesh, model, opt, x, y, batch_size):
-        from ringlab.collectives import ring_allgather, ring_allreduce, ring_reduce_scatter
-        from ringlab.nn import mse
-        shard, replicate = mesh.group("shard"), mesh.group("replicate")
-
-        def gather(unit):
-            unit.layer.params.update(unit.views(ring_allgather(shard, unit.shard)))
-
-        def free(unit):
-            for name in unit.shapes:
-                unit.layer.params[name] = unit.layer.grads[name] = None
-        for unit in model.units:
-            gather(unit)
-            for layer in unit.layers:
-                x = layer.forward(x)
-            free(unit)
-        loss, dy = mse(x, y)
-        for unit in reversed(model.units):
-            gather(unit)
-            grad = np.zeros(unit.padded)
-            unit.layer.grads.update(unit.views(grad))
-            for layer in reversed(unit.layers):
-                dy = layer.backward(dy)
-            grad /= mesh.group(axis).world_size
-            unit.grad_shard[...] = ring_reduce_scatter(shard, grad)
-            ring_allreduce(replicate, unit.grad_shard, out=unit.grad_shard)
-            free(unit)
-        opt.step(model.grad_shards())
-        return loss
+        return P.solution(comm, mesh, model, opt, x, y, batch_size,
+                          weight=lambda rows, b, mesh: 1 / mesh.group(axis).world_size)
     return step
 
 
