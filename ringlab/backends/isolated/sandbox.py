@@ -135,9 +135,7 @@ def _poison(codes):
     a thread without the profile hook). The originals are dropped, not kept:
     only their fingerprints are (``_fingerprint``), to know a copy of them."""
     prints = {}
-    for obj in gc.get_objects():
-        if not isinstance(obj, types.FunctionType):
-            continue
+    for obj in _functions(codes):
         code = obj.__code__
         words = codes.get((code.co_filename, code.co_qualname))
         if words is not None:
@@ -146,6 +144,39 @@ def _poison(codes):
             obj.__globals__["_ringlab_answer_called"] = _report_and_exit
             obj.__code__ = _stub(f"the program called {words}", code.co_freevars)
     return prints
+
+
+# The zygote's functions by (file, qualname), and the zygote's pid: see index_functions.
+_INDEX = [None, {}]
+
+
+def index_functions():
+    """Index every function object of this process by (file, qualname); run once
+    in the zygote (``zygote.py``), after its imports, before any fork.
+
+    A rank process must find every function that holds a banned answer
+    (``_poison``). Looking for them in ``gc.get_objects()`` visits about 110,000
+    objects, and in a freshly forked process that writes to every page of its
+    memory (each object's reference count), which the kernel then copies: about
+    140 ms per rank on a 2-core machine, more than most cases take to run."""
+    index = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, types.FunctionType):
+            code = obj.__code__
+            index.setdefault((code.co_filename, code.co_qualname), []).append(obj)
+    _INDEX[:] = [os.getpid(), index]
+
+
+def _functions(codes):
+    """The function objects that may hold one of ``codes``: from the zygote's index
+    if this process was forked from it (nothing has made a function since but our
+    own start-up) and every answer's module was loaded there; else every function
+    of the process."""
+    zygote, index = _INDEX
+    if zygote == os.getppid() and all(key in index for key in codes):
+        return [fn for key in codes for fn in index[key]]
+    gc.unfreeze()        # gc.get_objects() leaves out frozen objects (the zygote freezes its own)
+    return [obj for obj in gc.get_objects() if isinstance(obj, types.FunctionType)]
 
 
 def _stub(words, freevars):

@@ -29,6 +29,8 @@ from .rank import _names, rebuild_exception
 
 # What the forkserver loads once, before it forks a process per rank.
 PRELOAD = ["numpy", "cloudpickle", "ringlab", rank_side.__name__]
+# Imported last there, once everything is loaded (see zygote.py).
+ZYGOTE = f"{__package__}.zygote"
 
 
 class Submission:
@@ -326,7 +328,7 @@ def _context():
     global _CONTEXT
     if _CONTEXT is None:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD + _every_module())
+        ctx.set_forkserver_preload(PRELOAD + _every_module() + [ZYGOTE])
         _CONTEXT = ctx
     return _CONTEXT
 
@@ -348,7 +350,8 @@ def _every_module():
     import ringlab
     names = []
     for info in pkgutil.walk_packages(ringlab.__path__, ringlab.__name__ + "."):
-        if "torch" not in info.name.split(".")[-1] and ".backends.torch" not in info.name:
+        if ("torch" not in info.name.split(".")[-1] and ".backends.torch" not in info.name
+                and info.name != ZYGOTE):
             names.append(info.name)
     return names
 
