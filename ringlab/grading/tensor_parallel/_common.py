@@ -771,6 +771,9 @@ def _not_operand(case, pname, p, e, pay, held):
 # A layer module holds ``SPLIT`` ({output or gradient: (axis, "cols" or "rows")}; absent:
 # whole on every rank) and ``mine(dims, t, r)``, rank r's {"cols": ..., "rows": ...}.
 
+# For every layer, ring_allreduce is a tool; ringlab.tensor_parallel (the reference answers) is
+# not. Every rank's result needs every rank's data (the causality check: see kit/causality.py).
+USES, DEPENDS_ON_ALL = ("collectives",), True
 # Every layer is graded on the same groups: t = 1 to 4, and the tp groups of 2x2 and 2x3 meshes.
 GROUPS = [(2, None), (1, None), (3, None), (4, None), (2, (2, 2)), (3, (2, 3)), (4, None)]
 
@@ -839,8 +842,8 @@ def block_passes(x, dy, bias, t, forward, backward, g_hint, f_hint):
     ranks' arrays, words, hint))."""
     (f_words, parts, f_raw), (b_words, partial_dx, b_raw) = forward, backward
     return {"forward": Pass(1, f_words, with_bias(parts, bias, t),
-                            raw={**f_raw, "X": ([x], "X", "X is the same on every rank: nothing to send")},
-                            hint=g_hint),
+                            raw={**f_raw, "X": ([x], "X", "X is the same on every rank: "
+                                                          "nothing to send")}, hint=g_hint),
             "backward": Pass(1, b_words, [partial_dx],
                              raw={**b_raw, "dY": ([dy], "dY", "dY is the same on every rank: "
                                                               "nothing to send")}, hint=f_hint)}

@@ -9,7 +9,7 @@ rank's columns of dY, returns ``(dx, {"weight", "bias"})``: dx (b, s, d_in)
 whole on every rank (ONE AllReduce of the partial ``dy @ W[:, cols_r].T``),
 the gradients this rank's blocks.
 
-Checks (see ``common.py``), t = 1 to 4, b and s not multiples of t, tp groups
+Checks (see ``_common.py``), t = 1 to 4, b and s not multiples of t, tp groups
 of 2x2 and 2x3 meshes: it runs; shapes; y, dx and the gradients equal
 ``ringlab.nn.Linear``'s (relative error 1e-10); the forward sends nothing; the
 backward's messages are partial sums of the ranks' partial dX and add up to
@@ -21,17 +21,15 @@ import sys
 import numpy as np
 
 from . import _common as common
+from ._common import DEPENDS_ON_ALL, USES  # noqa: F401 (see there)
 from ._common import Expected, Mistake, Pass, block, by_key, shard
 
 NAME = "column_parallel_linear"
-# ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
-USES = ("collectives",)
-# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
-DEPENDS_ON_ALL = True
 GRADS = ("weight", "bias")
 # (b, s, d_in, d_out) for each of the groups every layer is graded on
 CASES = [(*g, dims) for g, dims in zip(common.GROUPS, [
-    (3, 5, 5, 8), (2, 3, 4, 6), (2, 5, 7, 9), (3, 5, 6, 8), (3, 3, 4, 6), (2, 4, 5, 6), (5, 2, 9, 12)])]
+    (3, 5, 5, 8), (2, 3, 4, 6), (2, 5, 7, 9), (3, 5, 6, 8),
+    (3, 3, 4, 6), (2, 4, 5, 6), (5, 2, 9, 12)])]
 RETURNS = ("column_parallel_linear(comm, x, weight, bias) -> (y, backward); "
            "backward(dy) -> (dx, {'weight': ..., 'bias': ...})")
 SHAPES = {"y": "(b, s, d_out/t): this rank's columns of Y", "dx": "(b, s, d_in): the whole dX",

@@ -10,7 +10,7 @@ whole and ``{"fc.weight", "fc.bias", "proj.weight", "proj.bias"}``, this
 rank's blocks (proj.bias whole). Exactly one AllReduce forward (g) and one
 backward (f), each of b*s*h elements.
 
-Checks (see ``common.py``), t = 1 to 4, b and s not multiples of t, tp groups
+Checks (see ``_common.py``), t = 1 to 4, b and s not multiples of t, tp groups
 of 2x2 and 2x3 meshes: it runs; shapes; values equal ``ringlab.nn.MLP``'s
 (relative error 1e-10), with the usual mistakes diagnosed (no AllReduce in a
 pass, f and g swapped, the bias counted t times, GeLU applied to partial sums,
@@ -24,18 +24,16 @@ import sys
 import numpy as np
 
 from . import _common as common
+from ._common import DEPENDS_ON_ALL, USES  # noqa: F401 (see there)
 from ._common import Expected, Mistake, block, by_key, shard
 from ...nn import MLP, GeLU
 
 NAME = "megatron_mlp"
-# ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
-USES = ("collectives",)
-# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
-DEPENDS_ON_ALL = True
 GRADS = ("fc.weight", "fc.bias", "proj.weight", "proj.bias")
 # (b, s, h, H4) for each of the groups every layer is graded on
 CASES = [(*g, dims) for g, dims in zip(common.GROUPS, [
-    (3, 5, 4, 8), (2, 3, 4, 8), (2, 5, 6, 12), (3, 5, 6, 16), (3, 3, 4, 10), (2, 4, 5, 9), (5, 2, 8, 24)])]
+    (3, 5, 4, 8), (2, 3, 4, 8), (2, 5, 6, 12), (3, 5, 6, 16),
+    (3, 3, 4, 10), (2, 4, 5, 9), (5, 2, 8, 24)])]
 RETURNS = ("megatron_mlp(comm, x, fc_weight, fc_bias, proj_weight, proj_bias) -> (y, backward); "
            "backward(dy) -> (dx, {'fc.weight', 'fc.bias', 'proj.weight', 'proj.bias'})")
 SHAPES = {"y": "(b, s, h): the whole Y on every rank", "dx": "(b, s, h): the whole dX",

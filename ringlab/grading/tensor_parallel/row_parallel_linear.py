@@ -9,7 +9,7 @@ whole output on every rank: ONE AllReduce of the partial products
 on every rank, returns ``(dx, {"weight", "bias"})`` with no communication:
 dx (b, s, d_in/t) this rank's columns, dW this rank's rows, db whole.
 
-Checks (see ``common.py``), t = 1 to 4, b and s not multiples of t, tp groups
+Checks (see ``_common.py``), t = 1 to 4, b and s not multiples of t, tp groups
 of 2x2 and 2x3 meshes: it runs; shapes; values equal ``ringlab.nn.Linear``'s
 (relative error 1e-10), with the bias counted t times, the missing AllReduce,
 a summed dX or bias gradient diagnosed; the forward's messages are partial
@@ -23,17 +23,15 @@ import sys
 import numpy as np
 
 from . import _common as common
+from ._common import DEPENDS_ON_ALL, USES  # noqa: F401 (see there)
 from ._common import Expected, Mistake, Pass, block, shard, with_bias
 
 NAME = "row_parallel_linear"
-# ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
-USES = ("collectives",)
-# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
-DEPENDS_ON_ALL = True
 GRADS = ("weight", "bias")
 # (b, s, d_in, d_out) for each of the groups every layer is graded on
 CASES = [(*g, dims) for g, dims in zip(common.GROUPS, [
-    (3, 5, 8, 5), (2, 3, 4, 6), (2, 5, 9, 7), (3, 5, 8, 6), (3, 3, 6, 4), (2, 4, 6, 5), (5, 2, 12, 9)])]
+    (3, 5, 8, 5), (2, 3, 4, 6), (2, 5, 9, 7), (3, 5, 8, 6),
+    (3, 3, 6, 4), (2, 4, 6, 5), (5, 2, 12, 9)])]
 RETURNS = ("row_parallel_linear(comm, x, weight, bias) -> (y, backward); "
            "backward(dy) -> (dx, {'weight': ..., 'bias': ...})")
 SHAPES = {"y": "(b, s, d_out): the whole Y on every rank",

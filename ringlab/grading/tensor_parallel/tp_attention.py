@@ -11,7 +11,7 @@ heads): its columns of q, of k and of v, and the same rows of proj. y
 backward, each b*s*h elements. If t does not divide n_heads: ValueError
 naming both numbers.
 
-Checks (see ``common.py``), t = 1 to 4, b and s not multiples of t, tp groups
+Checks (see ``_common.py``), t = 1 to 4, b and s not multiples of t, tp groups
 of 2x2 and 2x3 meshes, and one case where t does not divide the heads: it
 runs (or raises that ValueError, on every rank: a rank that goes on past the
 check, and waits or fails, is named); shapes; values equal
@@ -27,19 +27,17 @@ import sys
 import numpy as np
 
 from . import _common as common
+from ._common import DEPENDS_ON_ALL, USES  # noqa: F401 (see there)
 from ._common import Expected, Mistake, block, by_key, shard
 from ...nn import CausalSelfAttention, Linear, Module
 
 NAME = "tp_attention"
-# ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
-USES = ("collectives",)
-# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
-DEPENDS_ON_ALL = True
 GRADS = ("qkv.weight", "qkv.bias", "proj.weight", "proj.bias")
 # (b, s, h, n_heads) for each of the groups every layer is graded on; and, before the
 # 2x3 mesh, t=3 with 4 heads: the ValueError case
 CASES = [(*g, dims) for g, dims in zip(common.GROUPS, [
-    (3, 5, 8, 4), (2, 3, 4, 2), (2, 5, 6, 3), (3, 4, 8, 4), (3, 3, 8, 4), (2, 4, 12, 6), (5, 3, 16, 8)])]
+    (3, 5, 8, 4), (2, 3, 4, 2), (2, 5, 6, 3), (3, 4, 8, 4),
+    (3, 3, 8, 4), (2, 4, 12, 6), (5, 3, 16, 8)])]
 CASES.insert(5, (3, None, (2, 3, 8, 4)))
 RETURNS = ("tp_attention(comm, x, qkv_weight, qkv_bias, proj_weight, proj_bias, n_heads) -> "
            "(y, backward); backward(dy) -> (dx, {'qkv.weight', 'qkv.bias', 'proj.weight', "
