@@ -44,10 +44,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..kit.frames import without_grader_frames
-from ..kit.checks import ratio
+from ..kit.checks import _ranks, ratio
 from ..kit.report import Case, Failure, numbers
 from ..kit.running import plain_array, run_case
-from ..kit.driver import callable_learner
+from ..kit.driver import callable_learner, problem, problem_text
 from ...errors import DeadlockError, RankError
 from ...nn import Linear
 
@@ -113,7 +113,7 @@ def make_cases(rng, layer, shapes):
         label = f"t={t} ({where}), {layer.describe(dims)}"
         if i == len(shapes):
             for g, inp in enumerate(inputs):
-                for k, (axis, mine) in layer.owned(dims, t, g % t).items():
+                for k, (axis, mine) in owned(layer, dims, t, g % t).items():
                     _noise_outside(inp[0][k], axis, mine, rng)
             label += ("; on rank r, the weights outside block r are noise: "
                       "rank r may use only its own block")
@@ -173,7 +173,7 @@ def drive(comm, inp, mesh, grad_names, learner, raises=None):
         with comm.span(FORWARD):
             out = learner(tp, *args)
         if not (isinstance(out, tuple) and len(out) == 2 and callable(out[1])):
-            return _problem(f"the function returned {_kind(out)}; it must return a tuple "
+            return problem(f"the function returned {_kind(out)}; it must return a tuple "
                             f"(y, backward), backward a function of dy")
         y = out[0].copy() if type(out[0]) is np.ndarray else out[0]   # backward may reuse y
         with comm.span(BACKWARD):
@@ -186,23 +186,19 @@ def drive(comm, inp, mesh, grad_names, learner, raises=None):
         text = "\0".join([RAISED, type(exc).__name__, str(exc)[:300]])
         return [np.frombuffer(text.encode(), dtype=np.uint8).copy(), np.zeros(0)]
     if not (isinstance(back, tuple) and len(back) == 2 and isinstance(back[1], dict)):
-        return _problem(f"backward(dy) returned {_kind(back)}; it must return a tuple "
+        return problem(f"backward(dy) returned {_kind(back)}; it must return a tuple "
                         f"(dx, grads), grads a dict {{name: gradient}}")
     grads = back[1]
     missing = [n for n in grad_names if n not in grads]
     extra = [str(n) for n in grads if n not in grad_names]
     if missing or extra:
-        return _problem(f"backward's grads has the keys {sorted(map(str, grads))}; they must be "
+        return problem(f"backward's grads has the keys {sorted(map(str, grads))}; they must be "
                         f"{list(grad_names)}, named as in ringlab.nn")
     values = [y, back[0]] + [grads[n] for n in grad_names]
     for name, v in zip(["y", "dx"] + [f"grads[{n!r}]" for n in grad_names], values):
         if not isinstance(v, np.ndarray):
-            return _problem(f"{name} is {_kind(v)}, not a numpy array")
+            return problem(f"{name} is {_kind(v)}, not a numpy array")
     return [np.zeros(0)] + values
-
-
-def _problem(text):
-    return [np.frombuffer(text.encode()[:2000], dtype=np.uint8).copy()]
 
 
 def _kind(value):
@@ -231,12 +227,6 @@ def _is_required(exc, kind, words):
     text = str(exc)
     return isinstance(exc, kind) and all(
         re.search(rf"(?<!\d){re.escape(w)}(?!\d)", text) for w in words)
-
-
-def _ranks(rs):
-    rs = list(rs)
-    return f"rank {rs[0]}" if len(rs) == 1 else (
-        "ranks " + ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}")
 
 
 def _raised_of(out):
@@ -317,8 +307,8 @@ def _returned(result, case, layer):
                            f"{who(case, g)} returned nothing the grader can read",
                            hint="Return (y, backward) from the function, (dx, grads) from "
                                 "backward.")
-        if out[0].size:
-            text = out[0].tobytes().decode(errors="replace")
+        text = problem_text(out)
+        if text is not None:
             return Failure(case.label, "returns (y, backward); backward returns (dx, grads)",
                            f"{who(case, g)}: {text}", expected=layer.RETURNS,
                            hint="Follow the signature in the exercise's first cell.")
@@ -404,7 +394,7 @@ def _wire(result, case):
     """Every message a float64 array, before the values: an AllReduce in float32 makes
     them wrong by about 1e-7, which no hint about the AllReduce explains."""
     for e in result.trace:
-        pay = result.payload(e) if result.payloads is not None else None
+        pay = _payload(result, e)
         if isinstance(pay, np.ndarray) and pay.dtype != np.float64:
             return Failure(case.label, "messages carry float64",
                            f"{who(case, e.src)} sent {who(case, e.dst)} a {pay.dtype} message "
@@ -417,16 +407,40 @@ def _wire(result, case):
     return None
 
 
+def _payload(result, e):
+    """What message ``e`` carried, when the run recorded payloads; else None."""
+    return result.payload(e) if result.payloads is not None else None
+
+
+def _f64(pay):
+    return type(pay) is np.ndarray and pay.dtype == np.float64
+
+
+def _events(result, case, d, pname):
+    """Group ``d``'s messages in pass ``pname``."""
+    t = case.info["t"]
+    members = range(d * t, (d + 1) * t)
+    return [e for e in result.trace if e.src in members and _pass_of(e) == pname]
+
+
+def _allreduce_bytes(p, t):
+    """What one bandwidth-optimal AllReduce of the pass's operand moves in the group."""
+    return 2 * (t - 1) * p.alternatives[0][0].size * 8
+
+
 def _pass_events(result, case, key, d):
     """The pass that makes ``key`` (y: forward, dx: backward), its name and group
     ``d``'s messages in it: (name, Pass, events), or None."""
     pname = {"y": "forward", "dx": "backward"}.get(key)
-    t = case.info["t"]
     p = case.info["groups"][d].passes.get(pname)
     if p is None:
         return None
-    members = range(d * t, (d + 1) * t)
-    return pname, p, [e for e in result.trace if e.src in members and _pass_of(e) == pname]
+    return pname, p, _events(result, case, d, pname)
+
+
+def _averages(pname, e, mean, t, p):
+    return (f"your {pname}'s AllReduce averages: rank {e.src}'s message to rank {e.dst} holds "
+            f"{mean}, divided by t = {t}: a mean of {p.operand}, where the layer needs their sum")
 
 
 def _averaging(result, case, key, d):
@@ -439,13 +453,11 @@ def _averaging(result, case, key, d):
     lookup = _Lookup(p, t)
     for e in events:
         pay = result.payload(e)
-        if not (type(pay) is np.ndarray and pay.dtype == np.float64):
+        if not _f64(pay):
             continue
         mean = None if all(x is not None for x in lookup.read(pay)) else _averaged(p, t, pay)
         if mean is not None:
-            return (f"your {pname}'s AllReduce averages: rank {e.src}'s message to rank "
-                    f"{e.dst} holds {mean}, divided by t = {t}: a mean of {p.operand}, where "
-                    f"the layer needs their sum", AVERAGE_HINT)
+            return _averages(pname, e, mean, t, p), AVERAGE_HINT
     return None
 
 
@@ -469,8 +481,7 @@ def _right_allreduce_wrong_operand(result, case, layer, key, d):
     members = range(d * t, (d + 1) * t)
     i = list(case.info["groups"][d].outputs[0]).index(key)
     values = [result.outputs[g][1 + i] for g in members]
-    n = p.alternatives[0][0].size
-    want_bytes = 2 * (t - 1) * n * 8
+    want_bytes = _allreduce_bytes(p, t)
     if (sum(e.nbytes for e in events) != want_bytes or result.payloads is None
             or not all(close(v, values[0]) for v in values[1:])):
         return None
@@ -484,8 +495,7 @@ def _right_allreduce_wrong_operand(result, case, layer, key, d):
             continue
         e = min(sent, key=lambda e: e.step)
         pay = result.payload(e)
-        if got and e.step > min(got) or not (type(pay) is np.ndarray
-                                             and pay.dtype == np.float64):
+        if got and e.step > min(got) or not _f64(pay):
             continue
         if any(x is None or x[0] != SUM or x[1] != (r,) for x in lookup.read(pay)):
             return (f"the AllReduce is right (every rank ends with the same {_name(key)}, and "
@@ -566,15 +576,19 @@ def _messages(result, case, layer):
                            f"and backward (span {e.span!r})",
                            hint="Communicate only inside the function and inside backward.")
     for d, ex in enumerate(case.info["groups"]):
-        members = list(range(d * t, (d + 1) * t))
+        members = range(d * t, (d + 1) * t)
         label = None if mesh is None else f"tp[{d}]"
         for pname, p in ex.passes.items():
-            events = [e for e in result.trace if e.src in members and _pass_of(e) == pname]
+            events = _events(result, case, d, pname)
             failure = (_group(events, case, label, members) or
                        _pass(result, case, events, pname, p, t, layer, members[0]))
             if failure:
                 return failure
     return None
+
+
+def _comm_failure(case, pname, what, **kw):
+    return Failure(case.label, f"{pname} communication", what, **kw)
 
 
 def _group(events, case, label, members):
@@ -594,86 +608,104 @@ def _group(events, case, label, members):
 
 
 def _pass(result, case, events, pname, p, t, layer, first):
-    got_bytes = sum(e.nbytes for e in events)
-    if p.allreduces == 0 and events:
-        e = events[0]
-        carried = _describe(result, e, p, t)
-        return Failure(case.label, f"{pname} communication",
-                       f"your {pname} sends {len(events)} message(s), {got_bytes} bytes in all; "
-                       f"{layer.NO_COMM[pname]}",
-                       expected="no message in " + pname,
-                       got=f"first: rank {e.src} -> rank {e.dst}, {e.nbytes // 8} elements"
-                           + (f": {carried}" if carried else ""),
-                       hint=p.hint)
+    """The messages of one pass: none where it needs none; else each one read element
+    by element, then their volume, then whether every rank heard every part."""
     if p.allreduces == 0:
-        return None
+        return _silent(result, case, events, pname, p, t, layer)
     lookup = _Lookup(p, t)
-    n = p.alternatives[0][0].size
-    want_bytes = 2 * (t - 1) * n * 8
-    heard = np.zeros((t, t, n), dtype=bool)    # [r, q, i]: rank r got rank q's part of element i
-    for e in events:
-        pay = result.payload(e) if result.payloads is not None else None
+    heard = np.zeros((t, t, p.alternatives[0][0].size), dtype=bool)  # [r, q, i]: rank r got
+    for e in events:                                                  # rank q's part of element i
+        pay = _payload(result, e)
         if pay is None:
             continue
-        if not (type(pay) is np.ndarray and pay.dtype == np.float64):
-            return _not_operand(case, pname, p, e, pay, f"an array of dtype "
-                                f"{getattr(pay, 'dtype', type(pay).__name__)}")
-        read = lookup.read(pay)
-        if any(x is None for x in read):
-            mean = _averaged(p, t, pay)
-            if mean is not None:
-                return Failure(case.label, f"{pname} communication",
-                               f"your {pname}'s AllReduce averages: rank {e.src}'s message to "
-                               f"rank {e.dst} holds {mean}, divided by t = {t}: a mean of "
-                               f"{p.operand}, where the layer needs their sum",
-                               expected=f"one AllReduce that sums {p.operand} (op SUM): "
-                                        f"partial sums, undivided",
-                               got=f"{pay.size} values: {numbers(pay)}",
-                               hint=AVERAGE_HINT)
-            bad = pay.ravel()[[i for i, x in enumerate(read) if x is None]]
-            held = "zeros" if not np.any(bad) else f"{bad.size} value(s) that are not"
-            return _not_operand(case, pname, p, e, pay, held)
-        raw = next((x[1] for x in read if x[0] == RAW), None)
-        if raw is not None:
-            arrays, words, hint = p.raw[raw[0]]
-            per = arrays[raw[1]].size
-            return Failure(case.label, f"{pname} communication",
-                           f"your {pname} sends {words} (rank {e.src} -> rank {e.dst}, {pay.size} "
-                           f"of rank {raw[1]}'s {per} elements): {hint}",
-                           expected=f"one AllReduce of {p.operand}: {want_bytes} bytes in the "
-                                    f"group, partial sums of it and nothing else",
-                           got=f"{got_bytes} bytes, {len(events)} message(s); this one holds "
-                               f"{numbers(pay)}",
-                           hint=p.hint)
-        if any(x[0] == RESUM for x in read):
-            return Failure(case.label, f"{pname} communication",
-                           f"your {pname} all-reduces {p.operand} twice: rank {e.src}'s message "
-                           f"to rank {e.dst} sums values that are already the total over the "
-                           f"{t} ranks",
-                           expected=f"one AllReduce: {want_bytes} bytes in the group",
-                           got=f"{got_bytes} bytes", hint=p.hint)
+        read = lookup.read(pay) if _f64(pay) else None
+        failure = _wrong_message(case, events, pname, p, t, e, pay, read)
+        if failure:
+            return failure
         for _, members, i in read:
             heard[e.dst - first, list(members), i] = True
-    if got_bytes != want_bytes:
-        times = got_bytes / want_bytes if want_bytes else float("inf")
-        if got_bytes == 0:
-            what = f"your {pname} has no AllReduce of {p.operand}"
-        elif times == int(times):
-            what = (f"your {pname} moves {int(times)}x the bytes of one AllReduce of "
-                    f"{p.operand}: {int(times)} AllReduces of it?")
-        elif times > 1:
-            what = (f"your {pname} moves {ratio(got_bytes, want_bytes)}x the bytes of one "
-                    f"bandwidth-optimal AllReduce of {p.operand} (every rank sending its "
-                    f"whole part to every other rank?)")
-        else:
-            what = (f"your {pname} moves only {ratio(got_bytes, want_bytes)}x the bytes of "
-                    f"one AllReduce of {p.operand}: part of it (a ReduceScatter without its "
-                    f"AllGather?)")
-        return Failure(case.label, f"{pname} communication", what,
-                       expected=f"{want_bytes} bytes in the group: one AllReduce of {n} elements "
-                                f"on t = {t} ranks moves 2(t-1) x {n} x 8 bytes (ring_allreduce)",
-                       got=f"{got_bytes} bytes in {len(events)} message(s)", hint=p.hint)
-    return _heard_all(case, pname, p, t, heard, first)
+    return _volume(case, events, pname, p, t) or _heard_all(case, pname, p, t, heard, first)
+
+
+def _silent(result, case, events, pname, p, t, layer):
+    """A pass that needs no communication must send nothing."""
+    if not events:
+        return None
+    e = events[0]
+    carried = _describe(result, e, p, t)
+    return _comm_failure(case, pname,
+                         f"your {pname} sends {len(events)} message(s), "
+                         f"{sum(e.nbytes for e in events)} bytes in all; {layer.NO_COMM[pname]}",
+                         expected="no message in " + pname,
+                         got=f"first: rank {e.src} -> rank {e.dst}, {e.nbytes // 8} elements"
+                             + (f": {carried}" if carried else ""),
+                         hint=p.hint)
+
+
+def _wrong_message(case, events, pname, p, t, e, pay, read):
+    """Message ``e`` (payload ``pay``, its elements ``read``, None if not float64) must
+    hold partial sums of the pass's operand, each summed once: else a Failure."""
+    if read is None:
+        return _not_operand(case, pname, p, e, pay, f"an array of dtype "
+                            f"{getattr(pay, 'dtype', type(pay).__name__)}")
+    if any(x is None for x in read):
+        mean = _averaged(p, t, pay)
+        if mean is not None:
+            return _comm_failure(case, pname, _averages(pname, e, mean, t, p),
+                                 expected=f"one AllReduce that sums {p.operand} (op SUM): "
+                                          f"partial sums, undivided",
+                                 got=f"{pay.size} values: {numbers(pay)}", hint=AVERAGE_HINT)
+        bad = pay.ravel()[[i for i, x in enumerate(read) if x is None]]
+        held = "zeros" if not np.any(bad) else f"{bad.size} value(s) that are not"
+        return _not_operand(case, pname, p, e, pay, held)
+    got_bytes, want_bytes = sum(e.nbytes for e in events), _allreduce_bytes(p, t)
+    raw = next((x[1] for x in read if x[0] == RAW), None)
+    if raw is not None:
+        arrays, words, hint = p.raw[raw[0]]
+        return _comm_failure(case, pname,
+                             f"your {pname} sends {words} (rank {e.src} -> rank {e.dst}, "
+                             f"{pay.size} of rank {raw[1]}'s {arrays[raw[1]].size} elements): "
+                             f"{hint}",
+                             expected=f"one AllReduce of {p.operand}: {want_bytes} bytes in the "
+                                      f"group, partial sums of it and nothing else",
+                             got=f"{got_bytes} bytes, {len(events)} message(s); this one holds "
+                                 f"{numbers(pay)}",
+                             hint=p.hint)
+    if any(x[0] == RESUM for x in read):
+        return _comm_failure(case, pname,
+                             f"your {pname} all-reduces {p.operand} twice: rank {e.src}'s "
+                             f"message to rank {e.dst} sums values that are already the total "
+                             f"over the {t} ranks",
+                             expected=f"one AllReduce: {want_bytes} bytes in the group",
+                             got=f"{got_bytes} bytes", hint=p.hint)
+    return None
+
+
+def _volume(case, events, pname, p, t):
+    """The pass's messages must add up to one bandwidth-optimal AllReduce's bytes."""
+    got_bytes, want_bytes = sum(e.nbytes for e in events), _allreduce_bytes(p, t)
+    if got_bytes == want_bytes:
+        return None
+    n = p.alternatives[0][0].size
+    times = got_bytes / want_bytes if want_bytes else float("inf")
+    if got_bytes == 0:
+        what = f"your {pname} has no AllReduce of {p.operand}"
+    elif times == int(times):
+        what = (f"your {pname} moves {int(times)}x the bytes of one AllReduce of "
+                f"{p.operand}: {int(times)} AllReduces of it?")
+    elif times > 1:
+        what = (f"your {pname} moves {ratio(got_bytes, want_bytes)}x the bytes of one "
+                f"bandwidth-optimal AllReduce of {p.operand} (every rank sending its "
+                f"whole part to every other rank?)")
+    else:
+        what = (f"your {pname} moves only {ratio(got_bytes, want_bytes)}x the bytes of "
+                f"one AllReduce of {p.operand}: part of it (a ReduceScatter without its "
+                f"AllGather?)")
+    return _comm_failure(case, pname, what,
+                         expected=f"{want_bytes} bytes in the group: one AllReduce of {n} "
+                                  f"elements on t = {t} ranks moves 2(t-1) x {n} x 8 bytes "
+                                  f"(ring_allreduce)",
+                         got=f"{got_bytes} bytes in {len(events)} message(s)", hint=p.hint)
 
 
 def _averaged(p, t, pay):
@@ -699,23 +731,22 @@ def _heard_all(case, pname, p, t, heard, first):
         missing = np.argwhere(~heard[r])
         if missing.size:
             q, i = missing[0]
-            return Failure(case.label, f"{pname} communication",
-                           f"{who(case, first + r)} returns the sum, but no message it received "
-                           f"holds rank {q}'s part of element {i} of {p.operand}: the sum did "
-                           f"not come through the messages",
-                           expected=f"every rank receives, in partial sums, every other rank's "
-                                    f"part of every element (what an AllReduce does)",
-                           got=f"{int((~heard[r]).sum())} (rank, element) parts never received "
-                               f"by rank {r}",
-                           hint=p.hint + " The grader reads every message: data shared some "
-                                         "other way does not pass.")
+            return _comm_failure(
+                case, pname, f"{who(case, first + r)} returns the sum, but no message it "
+                             f"received holds rank {q}'s part of element {i} of {p.operand}: "
+                             f"the sum did not come through the messages",
+                expected="every rank receives, in partial sums, every other rank's part of "
+                         "every element (what an AllReduce does)",
+                got=f"{int((~heard[r]).sum())} (rank, element) parts never received by rank {r}",
+                hint=p.hint + " The grader reads every message: data shared some other way "
+                              "does not pass.")
     return None
 
 
 def _describe(result, e, p, t):
     """Words for what a message holds, when it holds known data; else ''."""
-    pay = result.payload(e) if result.payloads is not None else None
-    if not (type(pay) is np.ndarray and pay.dtype == np.float64 and pay.size):
+    pay = _payload(result, e)
+    if not (_f64(pay) and pay.size):
         return ""
     read = _Lookup(p, t).read(pay)
     if all(x is not None and x[0] == RAW for x in read):
@@ -724,27 +755,113 @@ def _describe(result, e, p, t):
 
 
 def _not_operand(case, pname, p, e, pay, held):
-    return Failure(case.label, f"{pname} communication",
-                   f"in your {pname}, rank {e.src} sent rank {e.dst} {held}"
-                   + ("" if held == "zeros" or held.startswith("an array") else
-                      f" {p.operand}, nor a partial sum of it over some of the ranks"),
-                   expected=f"pieces of {p.operand}, summed over some of the ranks, as float64 "
-                            f"(what every AllReduce algorithm sends)",
-                   got=numbers(pay) if isinstance(pay, np.ndarray) else repr(pay)[:100],
-                   hint=p.hint + " The grader reads every message: zeros or stand-ins sent for "
-                                 "show, with the data shared some other way, do not pass.")
+    return _comm_failure(case, pname,
+                         f"in your {pname}, rank {e.src} sent rank {e.dst} {held}"
+                         + ("" if held == "zeros" or held.startswith("an array") else
+                            f" {p.operand}, nor a partial sum of it over some of the ranks"),
+                         expected=f"pieces of {p.operand}, summed over some of the ranks, as "
+                                  f"float64 (what every AllReduce algorithm sends)",
+                         got=numbers(pay) if isinstance(pay, np.ndarray) else repr(pay)[:100],
+                         hint=p.hint + " The grader reads every message: zeros or stand-ins "
+                                       "sent for show, with the data shared some other way, do "
+                                       "not pass.")
 
 
-def columns_of(got, full, axis=-1):
-    """Which slices of ``full`` along ``axis`` the slices of ``got`` are, or None."""
-    got, full = np.moveaxis(got, axis, 0), np.moveaxis(full, axis, 0)
-    found = []
-    for piece in got:
-        match = [j for j, f in enumerate(full) if f.shape == piece.shape and close(piece, f)]
-        if not match:
-            return None
-        found.append(match[0])
-    return found
+# ------------------------------------------------------- what the four layers describe
+# A layer module holds ``SPLIT`` ({output or gradient: (axis, "cols" or "rows")}; absent:
+# whole on every rank) and ``mine(dims, t, r)``, rank r's {"cols": ..., "rows": ...}.
+
+# For every layer, ring_allreduce is a tool; ringlab.tensor_parallel (the reference answers) is
+# not. Every rank's result needs every rank's data (the causality check: see kit/causality.py).
+USES, DEPENDS_ON_ALL = ("collectives",), True
+# Every layer is graded on the same groups: t = 1 to 4, and the tp groups of 2x2 and 2x3 meshes.
+GROUPS = [(2, None), (1, None), (3, None), (4, None), (2, (2, 2)), (3, (2, 3)), (4, None)]
+
+
+def grader(layer):
+    """The grader module ``layer``'s ``cases(rng)`` and ``check(program, case, backend)``."""
+    def cases(rng):
+        return make_cases(rng, layer, layer.CASES)
+
+    def check_layer(program, case, backend="sim"):
+        return check(program, case, backend, layer)
+    return cases, check_layer
+
+
+def owned(layer, dims, t, r):
+    """Rank r's part of each weight argument: {argument: (axis, indices)}."""
+    idx = layer.mine(dims, t, r)
+    return {1 + i: (layer.SPLIT[n][0], idx[layer.SPLIT[n][1]])
+            for i, n in enumerate(layer.GRADS) if n in layer.SPLIT}
+
+
+def shard(whole, split, idx):
+    """One rank's part of each array of ``whole``, by ``split`` and its indices ``idx``."""
+    return {k: v if k not in split else np.take(v, idx[split[k][1]], axis=split[k][0])
+            for k, v in whole.items()}
+
+
+def by_key(shards, keys):
+    """{key: the t ranks' values} of the t ranks' dicts."""
+    return {k: [s[k] for s in shards] for k in keys}
+
+
+def params(module, names):
+    """``module``'s parameters ``names``, in that order."""
+    return tuple(module.named_parameters()[n] for n in names)
+
+
+def unsharded(module, names, w, x, dy):
+    """``module`` given the weights ``w`` (in ``names`` order), forward on ``x`` and
+    backward on ``dy``: {"y", "dx", each gradient}, the answers of the whole layer."""
+    for name, v in zip(names, w):
+        module.named_parameters()[name][...] = v
+    y = module.forward(x)
+    dx = module.backward(dy)
+    grads = module.named_grads()
+    return {"y": y, "dx": dx, **{n: grads[n] for n in names}}
+
+
+def g_mistakes(parts, bias, t, bias_name, alone, hint):
+    """The usual mistakes of a forward that ends in g: the AllReduce of the partial
+    products ``parts``, then the bias, once."""
+    return [Mistake({"y": [sum(parts) + t * bias] * t},
+                    "the bias was added on every rank before the AllReduce: it counts t times",
+                    f"Add {bias_name} after the AllReduce (or on one rank only before it): once."),
+            Mistake({"y": [p + bias for p in parts]}, alone, hint)]
+
+
+# -- the MLP and attention: f -> local work -> g, one AllReduce each way -------------------
+SWAPPED_HINT = ("f: identity forward, AllReduce of dX backward; g: AllReduce of Y forward, "
+                "identity backward.")
+
+
+def block_passes(x, dy, bias, t, forward, backward, g_hint, f_hint):
+    """The passes of f -> local work -> g. ``forward``, ``backward``: (the operand's
+    words, the t ranks' operands, what else a message could ship: label -> (the t
+    ranks' arrays, words, hint))."""
+    (f_words, parts, f_raw), (b_words, partial_dx, b_raw) = forward, backward
+    return {"forward": Pass(1, f_words, with_bias(parts, bias, t),
+                            raw={**f_raw, "X": ([x], "X", "X is the same on every rank: "
+                                                          "nothing to send")}, hint=g_hint),
+            "backward": Pass(1, b_words, [partial_dx],
+                             raw={**b_raw, "dY": ([dy], "dY", "dY is the same on every rank: "
+                                                              "nothing to send")}, hint=f_hint)}
+
+
+def block_mistakes(parts, partial_dx, bias, t, swapped, whose, g_hint, f_hint):
+    """The usual mistakes of f -> local work -> g: the bias t times, no AllReduce in
+    a pass, f and g swapped (``swapped``: the Y of a forward that all-reduced X)."""
+    return g_mistakes(parts, bias, t, "proj_bias", f"your Y is only {whose} contribution: no "
+                      f"AllReduce in forward (g)", g_hint) + [
+        Mistake({"dx": partial_dx},
+                "your dX is only your shard's contribution: no AllReduce in backward (f)", f_hint),
+        Mistake({"dx": [t * p for p in partial_dx]},
+                "your backward all-reduced dY (which every rank already has: t x dY) and not dX: "
+                "f and g swapped?", SWAPPED_HINT),
+        Mistake({"y": swapped},
+                "your forward all-reduced X, which every rank already has, and not the output: "
+                "f and g swapped?", SWAPPED_HINT)]
 
 
 # -- the two linear-layer graders share their problem: ``Linear(d_in, d_out)`` ------------
@@ -754,18 +871,12 @@ def describe_linear(dims):
 
 
 def linear_weights(rng, dims):
-    _, _, di, do = dims
-    lin = Linear(di, do, rng)
-    return lin.params["weight"], lin.params["bias"]
+    return params(Linear(dims[2], dims[3], rng), ("weight", "bias"))
 
 
 def run_linear(w, rng, dims):
     """Random x and dy for ``dims = (b, s, d_in, d_out)``, and the unsharded
-    layer's answers: ``(x, dy, y, dx, grads)``."""
+    layer's answers: ``(x, dy, {"y", "dx", "weight", "bias"})``."""
     b, s, di, do = dims
     x, dy = rng.standard_normal((b, s, di)), rng.standard_normal((b, s, do))
-    lin = Linear(di, do, rng)
-    lin.params["weight"][...], lin.params["bias"][...] = w
-    y = lin.forward(x)
-    dx = lin.backward(dy)
-    return x, dy, y, dx, lin.grads
+    return x, dy, unsharded(Linear(di, do, rng), ("weight", "bias"), w, x, dy)

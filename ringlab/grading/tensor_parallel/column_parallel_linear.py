@@ -9,7 +9,7 @@ rank's columns of dY, returns ``(dx, {"weight", "bias"})``: dx (b, s, d_in)
 whole on every rank (ONE AllReduce of the partial ``dy @ W[:, cols_r].T``),
 the gradients this rank's blocks.
 
-Checks (see ``common.py``), t = 1 to 4, b and s not multiples of t, tp groups
+Checks (see ``_common.py``), t = 1 to 4, b and s not multiples of t, tp groups
 of 2x2 and 2x3 meshes: it runs; shapes; y, dx and the gradients equal
 ``ringlab.nn.Linear``'s (relative error 1e-10); the forward sends nothing; the
 backward's messages are partial sums of the ranks' partial dX and add up to
@@ -21,17 +21,15 @@ import sys
 import numpy as np
 
 from . import _common as common
-from ._common import Expected, Mistake, Pass, block
+from ._common import DEPENDS_ON_ALL, USES  # noqa: F401 (see there)
+from ._common import Expected, Mistake, Pass, block, by_key, shard
 
 NAME = "column_parallel_linear"
-# ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
-USES = ("collectives",)
-# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
-DEPENDS_ON_ALL = True
 GRADS = ("weight", "bias")
-CASES = [(2, None, (3, 5, 5, 8)), (1, None, (2, 3, 4, 6)), (3, None, (2, 5, 7, 9)),
-         (4, None, (3, 5, 6, 8)), (2, (2, 2), (3, 3, 4, 6)), (3, (2, 3), (2, 4, 5, 6)),
-         (4, None, (5, 2, 9, 12))]
+# (b, s, d_in, d_out) for each of the groups every layer is graded on
+CASES = [(*g, dims) for g, dims in zip(common.GROUPS, [
+    (3, 5, 5, 8), (2, 3, 4, 6), (2, 5, 7, 9), (3, 5, 6, 8),
+    (3, 3, 4, 6), (2, 4, 5, 6), (5, 2, 9, 12)])]
 RETURNS = ("column_parallel_linear(comm, x, weight, bias) -> (y, backward); "
            "backward(dy) -> (dx, {'weight': ..., 'bias': ...})")
 SHAPES = {"y": "(b, s, d_out/t): this rank's columns of Y", "dx": "(b, s, d_in): the whole dX",
@@ -56,6 +54,11 @@ HINTS = {"y": "Y_r = x @ weight[:, cols_r] + bias[cols_r], cols_r block r of ran
 LOCAL = {"dx": "Backward on rank r: dY_r @ weight[:, cols_r]^T (dY_r: its columns of dY), then "
                "the AllReduce."}
 ERROR_HINT = None
+SPLIT = {"y": (-1, "cols"), "weight": (-1, "cols"), "bias": (-1, "cols")}
+
+
+def mine(dims, t, r):
+    return {"cols": block(dims[3], t, r)}
 
 
 describe, weights = common.describe_linear, common.linear_weights
@@ -64,10 +67,10 @@ describe, weights = common.describe_linear, common.linear_weights
 def group(w, rng, dims, t):
     b, s, di, do = dims
     weight, bias = w
-    x, dy, y, dx, grads = common.run_linear(w, rng, dims)
-    cols = [block(do, t, r) for r in range(t)]
-    outputs = [{"y": y[..., c], "dx": dx, "weight": grads["weight"][:, c],
-                "bias": grads["bias"][c]} for c in cols]
+    x, dy, whole = common.run_linear(w, rng, dims)
+    dx = whole["dx"]
+    outputs = [shard(whole, SPLIT, mine(dims, t, r)) for r in range(t)]
+    cols = [mine(dims, t, r)["cols"] for r in range(t)]
     dys = [dy[..., c] for c in cols]
     partial = [dys[r] @ weight[:, c].T for r, c in enumerate(cols)]
     ys = [o["y"] for o in outputs]
@@ -105,8 +108,8 @@ def group(w, rng, dims, t):
                 "Use X as it is: every rank has the whole X."),
         Mistake({"y": [x @ weight[:, c] for c in cols]}, "the bias is missing",
                 "Add bias[cols_r] to your columns of Y."),
-        Mistake({"y": [x @ weight[:, r::t] + bias[r::t] for r in range(t)],
-                 "weight": [grads["weight"][:, r::t] for r in range(t)]},
+        Mistake(by_key([shard(whole, SPLIT, {"cols": np.arange(r, do, t)}) for r in range(t)],
+                       ("y", "weight")),
                 "you took every t-th column (r::t), not block r",
                 "Rank r owns the contiguous block r*d_out/t .. (r+1)*d_out/t - 1 (Megatron's "
                 "convention, as ColumnParallelLinear.from_linear)."),
@@ -114,15 +117,4 @@ def group(w, rng, dims, t):
     return Expected([[[x, weight, bias], dys[r]] for r in range(t)], outputs, passes, mistakes)
 
 
-def owned(dims, t, r):
-    """Rank r's part of each weight argument: {argument: (axis, indices)}."""
-    cols = block(dims[3], t, r)
-    return {1: (1, cols), 2: (0, cols)}
-
-
-def cases(rng):
-    return common.make_cases(rng, sys.modules[__name__], CASES)
-
-
-def check(program, case, backend="sim"):
-    return common.check(program, case, backend, sys.modules[__name__])
+cases, check = common.grader(sys.modules[__name__])

@@ -10,7 +10,7 @@ whole and ``{"fc.weight", "fc.bias", "proj.weight", "proj.bias"}``, this
 rank's blocks (proj.bias whole). Exactly one AllReduce forward (g) and one
 backward (f), each of b*s*h elements.
 
-Checks (see ``common.py``), t = 1 to 4, b and s not multiples of t, tp groups
+Checks (see ``_common.py``), t = 1 to 4, b and s not multiples of t, tp groups
 of 2x2 and 2x3 meshes: it runs; shapes; values equal ``ringlab.nn.MLP``'s
 (relative error 1e-10), with the usual mistakes diagnosed (no AllReduce in a
 pass, f and g swapped, the bias counted t times, GeLU applied to partial sums,
@@ -24,18 +24,16 @@ import sys
 import numpy as np
 
 from . import _common as common
-from ._common import Expected, Mistake, Pass, block, with_bias
+from ._common import DEPENDS_ON_ALL, USES  # noqa: F401 (see there)
+from ._common import Expected, Mistake, block, by_key, shard
 from ...nn import MLP, GeLU
 
 NAME = "megatron_mlp"
-# ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
-USES = ("collectives",)
-# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
-DEPENDS_ON_ALL = True
 GRADS = ("fc.weight", "fc.bias", "proj.weight", "proj.bias")
-CASES = [(2, None, (3, 5, 4, 8)), (1, None, (2, 3, 4, 8)), (3, None, (2, 5, 6, 12)),
-         (4, None, (3, 5, 6, 16)), (2, (2, 2), (3, 3, 4, 10)), (3, (2, 3), (2, 4, 5, 9)),
-         (4, None, (5, 2, 8, 24))]
+# (b, s, h, H4) for each of the groups every layer is graded on
+CASES = [(*g, dims) for g, dims in zip(common.GROUPS, [
+    (3, 5, 4, 8), (2, 3, 4, 8), (2, 5, 6, 12), (3, 5, 6, 16),
+    (3, 3, 4, 10), (2, 4, 5, 9), (5, 2, 8, 24)])]
 RETURNS = ("megatron_mlp(comm, x, fc_weight, fc_bias, proj_weight, proj_bias) -> (y, backward); "
            "backward(dy) -> (dx, {'fc.weight', 'fc.bias', 'proj.weight', 'proj.bias'})")
 SHAPES = {"y": "(b, s, h): the whole Y on every rank", "dx": "(b, s, h): the whole dX",
@@ -64,6 +62,13 @@ LOCAL = {"y": "Forward on rank r: GeLU(x @ A_r + a_r) @ B_r, with ringlab.nn's G
                "derivative at its input U = x A_r + a_r: GeLU.backward), dX_r = dU @ A_r^T; "
                "then the AllReduce."}
 ERROR_HINT = None
+SPLIT = {"fc.weight": (-1, "cols"), "fc.bias": (-1, "cols"), "proj.weight": (0, "rows")}
+
+
+def mine(dims, t, r):
+    """Rank r's hidden units: its columns of fc, its rows of proj."""
+    hid = block(dims[3], t, r)
+    return {"cols": hid, "rows": hid}
 
 
 def describe(dims):
@@ -72,15 +77,7 @@ def describe(dims):
 
 
 def weights(rng, dims):
-    mlp = MLP(dims[2], dims[3], rng)
-    return tuple(mlp.named_parameters()[n] for n in GRADS)
-
-
-def _mlp(w, rng, dims):
-    mlp = MLP(dims[2], dims[3], rng)
-    for name, v in zip(GRADS, w):
-        mlp.named_parameters()[name][...] = v
-    return mlp
+    return common.params(MLP(dims[2], dims[3], rng), GRADS)
 
 
 def _forward(x, A, a, B, approximate="tanh"):
@@ -93,14 +90,9 @@ def group(w, rng, dims, t):
     b, s, h, h4 = dims
     A, a, B, c = w
     x, dy = rng.standard_normal((b, s, h)), rng.standard_normal((b, s, h))
-    mlp = _mlp(w, rng, dims)
-    y, dx = mlp.forward(x), None
-    dx = mlp.backward(dy)
-    full = mlp.named_grads()
-    hid = [block(h4, t, r) for r in range(t)]
-    outputs = [{"y": y, "dx": dx, "fc.weight": full["fc.weight"][:, k],
-                "fc.bias": full["fc.bias"][k],
-                "proj.weight": full["proj.weight"][k], "proj.bias": full["proj.bias"]} for k in hid]
+    whole = common.unsharded(MLP(h, h4, rng), GRADS, w, x, dy)
+    outputs = [shard(whole, SPLIT, mine(dims, t, r)) for r in range(t)]
+    hid = [mine(dims, t, r)["cols"] for r in range(t)]
     parts, hs, us, dus, partial_dx = [], [], [], [], []
     for k in hid:
         act, u, hk, p = _forward(x, A[:, k], a[k], B[k])
@@ -111,44 +103,23 @@ def group(w, rng, dims, t):
     gather = ("an AllGather of the hidden activations, so that every rank multiplies all of "
               "them by the whole proj weight; the Megatron MLP sums partial products with one "
               "AllReduce (g)")
-    passes = {
-        "forward": Pass(1, f"the partial products GeLU(x A_r + a_r) B_r ({n} elements)",
-                        with_bias(parts, c, t),
-                        raw={"H": (hs, "your hidden activations GeLU(x A_r + a_r)", gather),
-                             "U": (us, "your hidden pre-activations x A_r + a_r", gather),
-                             "X": ([x], "X", "X is the same on every rank: nothing to send")},
-                        hint=G_HINT),
-        "backward": Pass(1, f"the partial dX (dU_r A_r^T, {n} elements)", [partial_dx],
-                         raw={"dU": (dus, "the gradient of your hidden units",
-                                     "an AllGather of the hidden units' gradients, so that every "
-                                     "rank multiplies them by the whole fc weight; backward sums "
-                                     "the partial dX with one AllReduce (f)"),
-                              "dY": ([dy], "dY", "dY is the same on every rank: nothing to send")},
-                         hint=F_HINT)}
+    passes = common.block_passes(
+        x, dy, c, t, (f"the partial products GeLU(x A_r + a_r) B_r ({n} elements)", parts,
+                      {"H": (hs, "your hidden activations GeLU(x A_r + a_r)", gather),
+                       "U": (us, "your hidden pre-activations x A_r + a_r", gather)}),
+        (f"the partial dX (dU_r A_r^T, {n} elements)", partial_dx,
+         {"dU": (dus, "the gradient of your hidden units",
+                 "an AllGather of the hidden units' gradients, so that every rank multiplies "
+                 "them by the whole fc weight; backward sums the partial dX with one AllReduce "
+                 "(f)")}), G_HINT, F_HINT)
     total = sum(parts)
     rows = np.array_split(np.arange(h), t)
-    mistakes = [
-        Mistake({"y": [total + t * c] * t},
-                "the bias was added on every rank before the AllReduce: it counts t times",
-                "Add proj_bias after the AllReduce (or on one rank only before it): once."),
-        Mistake({"y": [p + c for p in parts]},
-                "your Y is only your hidden units' contribution: no AllReduce in forward (g)",
-                G_HINT),
-        Mistake({"dx": partial_dx},
-                "your dX is only your shard's contribution: no AllReduce in backward (f)", F_HINT),
-        Mistake({"dx": [t * p for p in partial_dx]},
-                "your backward all-reduced dY (which every rank already has: t x dY) and not dX: "
-                "f and g swapped?",
-                "f: identity forward, AllReduce of dX backward; g: AllReduce of Y forward, "
-                "identity backward."),
-        Mistake({"y": [_forward(t * x, A[:, k], a[k], B[k])[3] + c for k in hid]},
-                "your forward all-reduced X, which every rank already has, and not the output: "
-                "f and g swapped?",
-                "f: identity forward, AllReduce of dX backward; g: AllReduce of Y forward, "
-                "identity backward."),
+    swapped = [_forward(t * x, A[:, k], a[k], B[k])[3] + c for k in hid]
+    mistakes = common.block_mistakes(parts, partial_dx, c, t, swapped, "your hidden units'",
+                                     G_HINT, F_HINT) + [
         Mistake({"y": [t * total + c] * t},
                 "Y all-reduced twice: the result is t times the sum", G_HINT),
-        Mistake({"dx": [t * dx] * t},
+        Mistake({"dx": [t * whole["dx"]] * t},
                 "dX all-reduced twice: the result is t times the sum", F_HINT),
         Mistake({"y": [sum(_forward(x, A[:, k], a[k], B[k], "none")[3] for k in hid) + c] * t},
                 "you used the exact (erf) GeLU; the exercise uses the tanh approximation",
@@ -163,11 +134,9 @@ def group(w, rng, dims, t):
             "each rank holds a partial sum of x A, and GeLU(a + b) != GeLU(a) + GeLU(b)",
             "Split fc by its output columns (hidden units): each rank then holds complete hidden "
             "pre-activations, GeLU applies exactly, and only proj's output needs the AllReduce."))
-    strided = [np.arange(r, h4, t) for r in range(t)]
+    strided = [{"cols": np.arange(r, h4, t), "rows": np.arange(r, h4, t)} for r in range(t)]
     mistakes.append(Mistake(
-        {"fc.weight": [full["fc.weight"][:, k] for k in strided],
-         "fc.bias": [full["fc.bias"][k] for k in strided],
-         "proj.weight": [full["proj.weight"][k] for k in strided]},
+        by_key([shard(whole, SPLIT, k) for k in strided], SPLIT),
         "your gradients are those of every t-th hidden unit (r::t), not of block r",
         "Rank r owns the contiguous hidden units r*H4/t .. (r+1)*H4/t - 1 (Megatron's "
         "convention)."))
@@ -175,15 +144,4 @@ def group(w, rng, dims, t):
     return Expected(inputs, outputs, passes, mistakes)
 
 
-def owned(dims, t, r):
-    """Rank r's part of each weight argument: {argument: (axis, indices)}."""
-    hid = block(dims[3], t, r)
-    return {1: (1, hid), 2: (0, hid), 3: (0, hid)}
-
-
-def cases(rng):
-    return common.make_cases(rng, sys.modules[__name__], CASES)
-
-
-def check(program, case, backend="sim"):
-    return common.check(program, case, backend, sys.modules[__name__])
+cases, check = common.grader(sys.modules[__name__])

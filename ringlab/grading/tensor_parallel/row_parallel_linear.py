@@ -9,7 +9,7 @@ whole output on every rank: ONE AllReduce of the partial products
 on every rank, returns ``(dx, {"weight", "bias"})`` with no communication:
 dx (b, s, d_in/t) this rank's columns, dW this rank's rows, db whole.
 
-Checks (see ``common.py``), t = 1 to 4, b and s not multiples of t, tp groups
+Checks (see ``_common.py``), t = 1 to 4, b and s not multiples of t, tp groups
 of 2x2 and 2x3 meshes: it runs; shapes; values equal ``ringlab.nn.Linear``'s
 (relative error 1e-10), with the bias counted t times, the missing AllReduce,
 a summed dX or bias gradient diagnosed; the forward's messages are partial
@@ -23,17 +23,15 @@ import sys
 import numpy as np
 
 from . import _common as common
-from ._common import Expected, Mistake, Pass, block, with_bias
+from ._common import DEPENDS_ON_ALL, USES  # noqa: F401 (see there)
+from ._common import Expected, Mistake, Pass, block, shard, with_bias
 
 NAME = "row_parallel_linear"
-# ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
-USES = ("collectives",)
-# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
-DEPENDS_ON_ALL = True
 GRADS = ("weight", "bias")
-CASES = [(2, None, (3, 5, 8, 5)), (1, None, (2, 3, 4, 6)), (3, None, (2, 5, 9, 7)),
-         (4, None, (3, 5, 8, 6)), (2, (2, 2), (3, 3, 6, 4)), (3, (2, 3), (2, 4, 6, 5)),
-         (4, None, (5, 2, 12, 9))]
+# (b, s, d_in, d_out) for each of the groups every layer is graded on
+CASES = [(*g, dims) for g, dims in zip(common.GROUPS, [
+    (3, 5, 8, 5), (2, 3, 4, 6), (2, 5, 9, 7), (3, 5, 8, 6),
+    (3, 3, 6, 4), (2, 4, 6, 5), (5, 2, 12, 9)])]
 RETURNS = ("row_parallel_linear(comm, x, weight, bias) -> (y, backward); "
            "backward(dy) -> (dx, {'weight': ..., 'bias': ...})")
 SHAPES = {"y": "(b, s, d_out): the whole Y on every rank",
@@ -57,6 +55,11 @@ HINTS = {"y": ALLREDUCE_HINT,
 LOCAL = {"y": "Forward on rank r: x_r @ weight[rows_r] (x_r is rank r's shard of X), then the "
               "AllReduce, then the bias once."}
 ERROR_HINT = None
+SPLIT = {"dx": (-1, "rows"), "weight": (0, "rows")}
+
+
+def mine(dims, t, r):
+    return {"rows": block(dims[2], t, r)}
 
 
 describe, weights = common.describe_linear, common.linear_weights
@@ -65,11 +68,10 @@ describe, weights = common.describe_linear, common.linear_weights
 def group(w, rng, dims, t):
     b, s, di, do = dims
     weight, bias = w
-    x, dy, y, dx, grads = common.run_linear(w, rng, dims)
-    rows = [block(di, t, r) for r in range(t)]
+    x, dy, whole = common.run_linear(w, rng, dims)
+    outputs = [shard(whole, SPLIT, mine(dims, t, r)) for r in range(t)]
+    rows = [mine(dims, t, r)["rows"] for r in range(t)]
     xs = [x[..., rw] for rw in rows]
-    outputs = [{"y": y, "dx": dx[..., rw], "weight": grads["weight"][rw],
-                "bias": grads["bias"]} for rw in rows]
     partial = [xs[r] @ weight[rw] for r, rw in enumerate(rows)]
     operand = f"the partial products (x_r @ W_r, b*s*d_out = {b * s * do} elements)"
     gather = ("an AllGather of X, so that every rank can multiply the whole X by the whole W; "
@@ -85,13 +87,8 @@ def group(w, rng, dims, t):
                                  "dY": ([dy], "dY", ""), "X": (xs, "your shard of X", "")},
                          hint=HINTS["dx"])}
     total = sum(partial)
-    mistakes = [
-        Mistake({"y": [total + t * bias] * t},
-                "the bias was added on every rank before the AllReduce: it counts t times",
-                "Add the bias after the AllReduce (or on one rank only before it): once."),
-        Mistake({"y": [p + bias for p in partial]},
-                "your Y is only your rows' partial sum: no AllReduce in forward",
-                ALLREDUCE_HINT),
+    mistakes = common.g_mistakes(partial, bias, t, "the bias", "your Y is only your rows' partial "
+                                 "sum: no AllReduce in forward", ALLREDUCE_HINT) + [
         Mistake({"y": [total] * t}, "the bias is missing", "Add the bias once, after the sum."),
         Mistake({"y": [t * total + bias] * t, "dx": [t * o["dx"] for o in outputs]},
                 "your forward summed partial sums that were already whole: all-reduced twice",
@@ -100,25 +97,15 @@ def group(w, rng, dims, t):
                 "your dX is the sum of every rank's dX: an AllReduce in backward, which a "
                 "row-parallel layer does not need (f and g swapped?)",
                 "g is an AllReduce forward and the identity backward: dX_r = dY @ W_r^T, local."),
-        Mistake({"bias": [t * grads["bias"]] * t},
+        Mistake({"bias": [t * whole["bias"]] * t},
                 "your bias gradient is t times too large: all-reduced, but dY is the same on "
                 "every rank, so each rank's db is already the whole one",
                 HINTS["bias"]),
-        Mistake({"bias": [grads["bias"] / t] * t},
+        Mistake({"bias": [whole["bias"] / t] * t},
                 "your bias gradient is divided by t: the bias is added once, so its gradient is "
                 "the whole sum of dY", HINTS["bias"]),
     ]
     return Expected([[[xs[r], weight, bias], dy] for r in range(t)], outputs, passes, mistakes)
 
 
-def owned(dims, t, r):
-    """Rank r's part of each weight argument: {argument: (axis, indices)}."""
-    return {1: (0, block(dims[2], t, r))}
-
-
-def cases(rng):
-    return common.make_cases(rng, sys.modules[__name__], CASES)
-
-
-def check(program, case, backend="sim"):
-    return common.check(program, case, backend, sys.modules[__name__])
+cases, check = common.grader(sys.modules[__name__])

@@ -11,7 +11,7 @@ heads): its columns of q, of k and of v, and the same rows of proj. y
 backward, each b*s*h elements. If t does not divide n_heads: ValueError
 naming both numbers.
 
-Checks (see ``common.py``), t = 1 to 4, b and s not multiples of t, tp groups
+Checks (see ``_common.py``), t = 1 to 4, b and s not multiples of t, tp groups
 of 2x2 and 2x3 meshes, and one case where t does not divide the heads: it
 runs (or raises that ValueError, on every rank: a rank that goes on past the
 check, and waits or fails, is named); shapes; values equal
@@ -27,19 +27,18 @@ import sys
 import numpy as np
 
 from . import _common as common
-from ._common import Expected, Mistake, Pass, block, with_bias
+from ._common import DEPENDS_ON_ALL, USES  # noqa: F401 (see there)
+from ._common import Expected, Mistake, block, by_key, shard
 from ...nn import CausalSelfAttention, Linear, Module
 
 NAME = "tp_attention"
-# ring_allreduce is a tool here; ringlab.tensor_parallel (the reference answers) is not
-USES = ("collectives",)
-# Every rank's result needs every rank's data (the causality check: see kit/causality.py).
-DEPENDS_ON_ALL = True
 GRADS = ("qkv.weight", "qkv.bias", "proj.weight", "proj.bias")
-# (t, mesh, (b, s, h, n_heads)); t=3 with 4 heads: the ValueError case
-CASES = [(2, None, (3, 5, 8, 4)), (1, None, (2, 3, 4, 2)), (3, None, (2, 5, 6, 3)),
-         (4, None, (3, 4, 8, 4)), (2, (2, 2), (3, 3, 8, 4)), (3, None, (2, 3, 8, 4)),
-         (3, (2, 3), (2, 4, 12, 6)), (4, None, (5, 3, 16, 8))]
+# (b, s, h, n_heads) for each of the groups every layer is graded on; and, before the
+# 2x3 mesh, t=3 with 4 heads: the ValueError case
+CASES = [(*g, dims) for g, dims in zip(common.GROUPS, [
+    (3, 5, 8, 4), (2, 3, 4, 2), (2, 5, 6, 3), (3, 4, 8, 4),
+    (3, 3, 8, 4), (2, 4, 12, 6), (5, 3, 16, 8)])]
+CASES.insert(5, (3, None, (2, 3, 8, 4)))
 RETURNS = ("tp_attention(comm, x, qkv_weight, qkv_bias, proj_weight, proj_bias, n_heads) -> "
            "(y, backward); backward(dy) -> (dx, {'qkv.weight', 'qkv.bias', 'proj.weight', "
            "'proj.bias'})")
@@ -72,6 +71,14 @@ LOCAL = {"y": "Forward on rank r, for its heads only: q, k, v from its qkv colum
 ERROR_HINT = ("A head cannot be split (its softmax needs all of q.k) and Megatron gives every "
               "rank the same number: check n_heads % comm.world_size and raise "
               "ValueError(f'... {comm.world_size} ... {n_heads} ...') naming both numbers.")
+SPLIT = {"qkv.weight": (-1, "cols"), "qkv.bias": (-1, "cols"), "proj.weight": (0, "rows")}
+
+
+def mine(dims, t, r):
+    """Rank r's heads: its columns of each of q, k and v in qkv, its rows of proj."""
+    h = dims[2]
+    rows = block(h, t, r)
+    return {"cols": np.concatenate([rows, h + rows, 2 * h + rows]), "rows": rows}
 
 
 def describe(dims):
@@ -80,8 +87,7 @@ def describe(dims):
 
 
 def weights(rng, dims):
-    attn = CausalSelfAttention(dims[2], dims[3], rng)
-    return tuple(attn.named_parameters()[n] for n in GRADS)
+    return common.params(CausalSelfAttention(dims[2], dims[3], rng), GRADS)
 
 
 def _columns(h, hd, heads):
@@ -117,86 +123,43 @@ def group(w, rng, dims, t):
     if heads % t:
         return Expected(inputs, error=(ValueError, [str(t), str(heads)],
                                        "t does not divide n_heads"))
-    attn = CausalSelfAttention(h, heads, np.random.default_rng(0))
-    for name, v in zip(GRADS, w):
-        attn.named_parameters()[name][...] = v
-    y = attn.forward(x)
-    dx = attn.backward(dy)
-    full = attn.named_grads()
+    whole = common.unsharded(CausalSelfAttention(h, heads, np.random.default_rng(0)), GRADS, w,
+                             x, dy)
     hd = h // heads
-    own = [_columns(h, hd, range(r * heads // t, (r + 1) * heads // t)) for r in range(t)]
-    outputs = [{"y": y, "dx": dx, "qkv.weight": full["qkv.weight"][:, c],
-                "qkv.bias": full["qkv.bias"][c], "proj.weight": full["proj.weight"][m],
-                "proj.bias": full["proj.bias"]} for c, m in own]
+    own = [(o["cols"], o["rows"]) for o in (mine(dims, t, r) for r in range(t))]
+    outputs = [shard(whole, SPLIT, mine(dims, t, r)) for r in range(t)]
     local = [_local(x, dy, w, c, m, hd) for c, m in own]
     parts, partial_dx = [p[0] for p in local], [p[1] for p in local]
     c = w[3]
     n = b * s * h
     gather = ("an AllGather of the heads' data, so that every rank computes more than its own "
               "heads; attention sums the heads' partial products with one AllReduce (g)")
-    passes = {
-        "forward": Pass(1, f"the partial products (your heads' outputs @ proj rows, {n} elements)",
-                        with_bias(parts, c, t),
-                        raw={"O": ([p[2] for p in local], "your heads' outputs (probs @ v)",
-                                   gather),
-                             "QKV": ([p[3] for p in local], "your q, k and v", gather),
-                             "X": ([x], "X", "X is the same on every rank: nothing to send")},
-                        hint=G_HINT),
-        "backward": Pass(1, f"the partial dX (through your heads, {n} elements)", [partial_dx],
-                         raw={"dO": ([dy @ w[2][m].T for _, m in own],
-                                     "the gradient of your heads' outputs",
-                                     "an AllGather of the heads' gradients; backward sums the "
-                                     "partial dX with one AllReduce (f)"),
-                              "dY": ([dy], "dY", "dY is the same on every rank: nothing to send")},
-                         hint=F_HINT)}
+    passes = common.block_passes(
+        x, dy, c, t, (f"the partial products (your heads' outputs @ proj rows, {n} elements)",
+                      parts, {"O": ([p[2] for p in local], "your heads' outputs (probs @ v)",
+                                    gather),
+                              "QKV": ([p[3] for p in local], "your q, k and v", gather)}),
+        (f"the partial dX (through your heads, {n} elements)", partial_dx,
+         {"dO": ([dy @ w[2][m].T for _, m in own], "the gradient of your heads' outputs",
+                 "an AllGather of the heads' gradients; backward sums the partial dX with one "
+                 "AllReduce (f)")}), G_HINT, F_HINT)
     total = sum(parts)
     swapped = [_local(t * x, None, w, cc, m, hd)[0] + c for cc, m in own]
     contiguous = sum(_local(x, None, w, np.arange(r * 3 * h // t, (r + 1) * 3 * h // t), m, hd)[0]
                      for r, (_, m) in enumerate(own)) + c
-    strided = [_columns(h, hd, range(r, heads, t)) for r in range(t)]
-    mistakes = [
-        Mistake({"y": [total + t * c] * t},
-                "the bias was added on every rank before the AllReduce: it counts t times",
-                "Add proj_bias after the AllReduce (or on one rank only before it): once."),
-        Mistake({"y": [p + c for p in parts]},
-                "your Y is only your heads' contribution: no AllReduce in forward (g)", G_HINT),
-        Mistake({"dx": partial_dx},
-                "your dX is only your shard's contribution: no AllReduce in backward (f)", F_HINT),
-        Mistake({"dx": [t * p for p in partial_dx]},
-                "your backward all-reduced dY (which every rank already has: t x dY) and not dX: "
-                "f and g swapped?",
-                "f: identity forward, AllReduce of dX backward; g: AllReduce of Y forward, "
-                "identity backward."),
-        Mistake({"y": swapped},
-                "your forward all-reduced X, which every rank already has, and not the output: "
-                "f and g swapped?",
-                "f: identity forward, AllReduce of dX backward; g: AllReduce of Y forward, "
-                "identity backward."),
-        Mistake({"y": [t * total + c] * t, "dx": [t * dx] * t},
+    strided = [dict(zip(("cols", "rows"), _columns(h, hd, range(r, heads, t)))) for r in range(t)]
+    mistakes = common.block_mistakes(parts, partial_dx, c, t, swapped, "your heads'",
+                                     G_HINT, F_HINT) + [
+        Mistake({"y": [t * total + c] * t, "dx": [t * whole["dx"]] * t},
                 "all-reduced twice: the result is t times the sum", G_HINT),
         Mistake({"y": [contiguous] * t},
                 "qkv split as one contiguous block of 3h/t columns instead of a block of each of "
                 "q, k and v: your 'heads' mix q, k and v columns", HEADS_HINT),
-        Mistake({"qkv.weight": [full["qkv.weight"][:, cc] for cc, _ in strided],
-                 "qkv.bias": [full["qkv.bias"][cc] for cc, _ in strided],
-                 "proj.weight": [full["proj.weight"][m] for _, m in strided]},
+        Mistake(by_key([shard(whole, SPLIT, k) for k in strided], SPLIT),
                 "your heads are not block r (interleaved): your gradients are those of heads "
                 "r, r+t, r+2t, ... (r::t)", HEADS_HINT),
     ]
     return Expected(inputs, outputs, passes, mistakes)
 
 
-def owned(dims, t, r):
-    """Rank r's part of each weight argument: {argument: (axis, indices)}."""
-    h = dims[2]
-    mine = block(h, t, r)
-    cols = np.concatenate([mine, h + mine, 2 * h + mine])
-    return {1: (1, cols), 2: (0, cols), 3: (0, mine)}
-
-
-def cases(rng):
-    return common.make_cases(rng, sys.modules[__name__], CASES)
-
-
-def check(program, case, backend="sim"):
-    return common.check(program, case, backend, sys.modules[__name__])
+cases, check = common.grader(sys.modules[__name__])

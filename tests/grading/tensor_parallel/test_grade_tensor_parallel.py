@@ -168,20 +168,6 @@ COLUMN_WRONG = [
 ]
 
 
-@pytest.mark.parametrize("fn", COLUMN_RIGHT)
-def test_column_parallel_linear_accepts(fn):
-    report = grade("column_parallel_linear", fn)
-    assert report.passed, report
-
-
-@pytest.mark.parametrize("fn, check, words", COLUMN_WRONG)
-def test_column_parallel_linear_rejects(fn, check, words):
-    report = grade("column_parallel_linear", fn)
-    assert not report.passed and check in report.failure.check, report
-    for w in words:
-        assert w in str(report), (w, str(report))
-
-
 # -------------------------------------------------------------------- row-parallel Linear
 def row(ar=flat_ring, *, bias_where="after", bwd=None, bias_grad=None, gather_x=False):
     def row_parallel_linear(comm, x, weight, bias):
@@ -233,20 +219,6 @@ ROW_WRONG = [
     (row(lambda c, a: averaging_ring(c, a) / c.world_size), "y equals",
      ["your forward's AllReduce averages", "divided by t = 2", "AllReduce with a sum"]),
 ]
-
-
-@pytest.mark.parametrize("fn", ROW_RIGHT)
-def test_row_parallel_linear_accepts(fn):
-    report = grade("row_parallel_linear", fn)
-    assert report.passed, report
-
-
-@pytest.mark.parametrize("fn, check, words", ROW_WRONG)
-def test_row_parallel_linear_rejects(fn, check, words):
-    report = grade("row_parallel_linear", fn)
-    assert not report.passed and check in report.failure.check, report
-    for w in words:
-        assert w in str(report), (w, str(report))
 
 
 # ------------------------------------------------------------------------- Megatron MLP
@@ -341,20 +313,6 @@ def test_a_wrong_local_derivative_is_not_told_to_all_reduce():
     assert "Megatron's f" not in text and "AllReduce it once" not in text, text
 
 
-@pytest.mark.parametrize("fn", MLP_RIGHT)
-def test_megatron_mlp_accepts(fn):
-    report = grade("megatron_mlp", fn)
-    assert report.passed, report
-
-
-@pytest.mark.parametrize("fn, check, words", MLP_WRONG)
-def test_megatron_mlp_rejects(fn, check, words):
-    report = grade("megatron_mlp", fn)
-    assert not report.passed and check in report.failure.check, report
-    for w in words:
-        assert w in str(report), (w, str(report))
-
-
 # ----------------------------------------------------------------------- TP attention
 def attention(ar=flat_ring, *, fwd_ar=None, heads="block", check_heads=True,
               bias_where="after", gather_out=False, hang=False):
@@ -436,15 +394,23 @@ ATTENTION_WRONG = [
 ]
 
 
-@pytest.mark.parametrize("fn", ATTENTION_RIGHT)
-def test_tp_attention_accepts(fn):
-    report = grade("tp_attention", fn)
+# Each exercise's right programs pass; each wrong one fails its check, with the words.
+LISTS = {"column_parallel_linear": (COLUMN_RIGHT, COLUMN_WRONG),
+         "row_parallel_linear": (ROW_RIGHT, ROW_WRONG), "megatron_mlp": (MLP_RIGHT, MLP_WRONG),
+         "tp_attention": (ATTENTION_RIGHT, ATTENTION_WRONG)}
+
+
+@pytest.mark.parametrize("exercise, fn", [(ex, fn) for ex, (right, _) in LISTS.items()
+                                          for fn in right])
+def test_accepts(exercise, fn):
+    report = grade(exercise, fn)
     assert report.passed, report
 
 
-@pytest.mark.parametrize("fn, check, words", ATTENTION_WRONG)
-def test_tp_attention_rejects(fn, check, words):
-    report = grade("tp_attention", fn)
+@pytest.mark.parametrize("exercise, fn, check, words", [(ex, *w) for ex, (_, wrong) in LISTS.items()
+                                                        for w in wrong])
+def test_rejects(exercise, fn, check, words):
+    report = grade(exercise, fn)
     assert not report.passed and check in report.failure.check, report
     for w in words:
         assert w in str(report), (w, str(report))

@@ -274,22 +274,6 @@ COLUMN_RIGHT = {
 }
 
 
-@pytest.mark.parametrize("name", COLUMN_WRONG)
-def test_column_wrong_fails(name):
-    program, check = COLUMN_WRONG[name]
-    SHARED.clear()
-    report = grade("column_parallel_linear", program)
-    assert not report.passed, str(report)
-    if check:
-        assert check_of(report) == check, str(report)
-
-
-@pytest.mark.parametrize("program", COLUMN_RIGHT.values(), ids=list(COLUMN_RIGHT))
-def test_column_right_passes(program):
-    report = grade("column_parallel_linear", program)
-    assert report.passed, str(report)
-
-
 # -- 2. row_parallel_linear ----------------------------------------------------------------
 
 def make_row(sync=allreduce, bias_mode="after", backward_hook=None):
@@ -422,22 +406,6 @@ ROW_WRONG["summed_bias_grad"] = (_summed_db(make_row),
                                  'grads["bias"] equals the unsharded layer\'s')
 
 
-@pytest.mark.parametrize("name", ROW_WRONG)
-def test_row_wrong_fails(name):
-    program, check = ROW_WRONG[name]
-    SHARED.clear()
-    report = grade("row_parallel_linear", program)
-    assert not report.passed, str(report)
-    if check:
-        assert check_of(report) == check, str(report)
-
-
-@pytest.mark.parametrize("name", ROW_RIGHT)
-def test_row_right_passes(name):
-    report = grade("row_parallel_linear", ROW_RIGHT[name])
-    assert report.passed, str(report)
-
-
 # -- 3. megatron_mlp -----------------------------------------------------------------------
 
 SQ = math.sqrt(2 / math.pi)
@@ -552,22 +520,6 @@ MLP_RIGHT = {
                                                bwd_sync=halving_doubling),
     "extra_copy_einsum": mlp_extra_copy,
 }
-
-
-@pytest.mark.parametrize("name", MLP_WRONG)
-def test_mlp_wrong_fails(name):
-    program, check = MLP_WRONG[name]
-    SHARED.clear()
-    report = grade("megatron_mlp", program)
-    assert not report.passed, str(report)
-    if check:
-        assert check_of(report) == check, str(report)
-
-
-@pytest.mark.parametrize("name", MLP_RIGHT)
-def test_mlp_right_passes(name):
-    report = grade("megatron_mlp", MLP_RIGHT[name])
-    assert report.passed, str(report)
 
 
 # -- 4. tp_attention -----------------------------------------------------------------------
@@ -716,19 +668,28 @@ ATTENTION_RIGHT = {
 }
 
 
-@pytest.mark.parametrize("name", ATTENTION_WRONG)
-def test_attention_wrong_fails(name):
-    program, check = ATTENTION_WRONG[name]
+# -- every exercise: its wrong programs fail (at their check, where one is named), its right
+# programs pass
+LISTS = {"column_parallel_linear": (COLUMN_WRONG, COLUMN_RIGHT),
+         "row_parallel_linear": (ROW_WRONG, ROW_RIGHT), "megatron_mlp": (MLP_WRONG, MLP_RIGHT),
+         "tp_attention": (ATTENTION_WRONG, ATTENTION_RIGHT)}
+
+
+@pytest.mark.parametrize("exercise, name", [(ex, name) for ex, (wrong, _) in LISTS.items()
+                                            for name in wrong])
+def test_wrong_fails(exercise, name):
+    program, check = LISTS[exercise][0][name]
     SHARED.clear()
-    report = grade("tp_attention", program)
+    report = grade(exercise, program)
     assert not report.passed, str(report)
     if check:
         assert check_of(report) == check, str(report)
 
 
-@pytest.mark.parametrize("name", ATTENTION_RIGHT)
-def test_attention_right_passes(name):
-    report = grade("tp_attention", ATTENTION_RIGHT[name])
+@pytest.mark.parametrize("exercise, name", [(ex, name) for ex, (_, right) in LISTS.items()
+                                            for name in right])
+def test_right_passes(exercise, name):
+    report = grade(exercise, LISTS[exercise][1][name])
     assert report.passed, str(report)
 
 
