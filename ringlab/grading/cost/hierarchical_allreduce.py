@@ -46,6 +46,8 @@ import functools
 import numpy as np
 
 from ..kit import sums
+from ..kit.driver import callable_learner
+from ..kit.reductions import chunk_slices, wrong_values
 from ..kit.frames import without_grader_frames
 from ..kit.report import Case, Failure, numbers
 from ..kit.running import check_outputs_shape, run_case
@@ -53,8 +55,6 @@ from ...cost.alpha_beta import AlphaBeta, TwoLevel
 from ...cost.interconnects import INTERCONNECTS
 from ...cost.timing import two_level_time
 from ...mesh import DeviceMesh
-from ..kit.driver import callable_learner
-from ..collectives.ring_allreduce import wrong_values
 
 NAME = "hierarchical_allreduce"
 # Part 1's collectives are helpers here; the answer to this exercise is not (ringlab.answers).
@@ -369,11 +369,6 @@ def inside_node_bytes(trace, case):
 
 # -- 6. payloads --------------------------------------------------------------------------
 
-def _slices(length, parts):
-    bounds = np.cumsum([0] + [len(c) for c in np.array_split(np.zeros(length), parts)])
-    return [slice(int(bounds[i]), int(bounds[i + 1])) for i in range(parts)]
-
-
 def payloads(result, case):
     """Between nodes: a piece of the sender's one block, summed over whole nodes
     (the sender's among them). Inside a node: a whole block, summed over GPUs of
@@ -382,9 +377,9 @@ def payloads(result, case):
         return None
     m, g = case.info["nodes"], case.info["gpus"]
     n, length, inputs = m * g, len(case.inputs[0]), case.inputs
-    blocks = _slices(length, g)
+    blocks = chunk_slices(length, g)
     pieces = [(b, slice(blk.start + s.start, blk.start + s.stop))
-              for b, blk in enumerate(blocks) for s in _slices(blk.stop - blk.start, m)]
+              for b, blk in enumerate(blocks) for s in chunk_slices(blk.stop - blk.start, m)]
     block_of = {}
     for e in result.trace:
         p = result.payload(e)
