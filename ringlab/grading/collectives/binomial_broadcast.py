@@ -41,6 +41,7 @@ HINTS = {
                      "first keeps the biggest subtree waiting. Send to the farthest child first; or, "
                      "simplest, in step k+1 let every position i < 2^k send to position i + 2^k.",
 }
+DOUBLING = "the number of ranks with the data can double every step"
 GENERIC = ("In step k+1 (k = 0, 1, ...) every rank that has the data, the positions i < 2^k counted "
            "from the root, sends it to position i + 2^k. The number of ranks with the data doubles "
            "every step.")
@@ -65,9 +66,7 @@ def _steps(result, case):
         return Failure(case.label, "at most ceil(log2 N) steps",
                        f"the broadcast took {trace.steps} steps: rank {last.dst} received the data "
                        f"only at step {last.step}",
-                       expected=f"ceil(log2 {n}) = {k} steps: the number of ranks with the data can "
-                                f"double every step",
-                       got=f"{trace.steps} steps",
+                       expected=f"ceil(log2 {n}) = {k} steps: {DOUBLING}", got=f"{trace.steps} steps",
                        hint=HINTS.get(broadcast.shape(trace, n, root), GENERIC))
     return broadcast.payloads(result, case)
 

@@ -171,26 +171,23 @@ def _steps_note(trace, case):
     return f"Also: the program took {checks.steps(trace.steps)}; a ring AllReduce takes 2(N-1) = {want}."
 
 
+SLOT_HINT = ("The chunk you receive at step k is the one your left neighbour sent, so compute "
+             "its index from the sender's rank, (rank - 1 - k) % N, not from your own.")
+
+
 def _first_bad_message(res, n):
     """In a ring AllReduce the message of step s carries min(s, N) contributions,
     each once, for one contiguous range of positions. Find the first that doesn't.
 
     A message mixing positions is reported first even if a count went wrong
     earlier: a chunk added into the wrong slot is the root cause of both."""
-    decoded = []
-    for e in res.trace:
-        payload = res.payload(e)
-        if payload.size:
-            decoded.append((e, contrib.decode(payload, n)))
+    decoded = reductions.decoded_messages(res, n)
     for e, dec in decoded:       # values that are no sums come first: nothing else can be read
         if any(d is None for d in dec):
             return contrib.garbled(e, dec, None)
-    for e, dec in decoded:
-        problem = contrib.garbled(
-            e, dec, "The chunk you receive at step k is the one your left neighbour sent, so compute "
-                    "its index from the sender's rank, (rank - 1 - k) % N, not from your own.")
-        if problem:
-            return problem
+    problem = next(filter(None, (contrib.garbled(e, dec, SLOT_HINT) for e, dec in decoded)), None)
+    if problem:
+        return problem
     for e, dec in decoded:
         want = min(e.step, n)
         phase = "reduce-scatter" if e.step < n else "all-gather"

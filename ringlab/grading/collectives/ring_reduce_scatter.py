@@ -29,7 +29,8 @@ when L >= N (shorter vectors have empty chunks, which a program may skip).
 import numpy as np
 
 from ..kit import checks, contributions as contrib, sums
-from ..kit.reductions import chunk_sizes, chunk_slices, right_messages_wrong_result, wrong_values
+from ..kit.reductions import (chunk_sizes, chunk_slices, decoded_messages, right_messages_wrong_result,
+                              wrong_values)
 from ..kit.reductions import ring_cases
 from ..kit.report import Failure
 from ..kit.running import plain_array, run_case
@@ -204,18 +205,16 @@ def _completes_other_chunk(res, n, starts):
             + " Work backwards from 'rank r adds into chunk r at step N-1'.")
 
 
+SLOT_HINT = ("The chunk you receive at step k is the one your left neighbour sent at step k: "
+             "compute its index from the neighbour's rank, not from your own.")
+
+
 def _first_bad_message(res, n, outputs):
     """In a ring ReduceScatter the message of step s carries s contributions, each
     once, for one contiguous range of positions. Find the first that doesn't.
     ``outputs``: the decoded outputs, to tell a lost addition from a lost forward."""
-    for e in res.trace:
-        payload = res.payload(e)
-        if not payload.size:
-            continue
-        dec = contrib.decode(payload, n)
-        problem = contrib.garbled(
-            e, dec, "The chunk you receive at step k is the one your left neighbour sent at step k: "
-                    "compute its index from the neighbour's rank, not from your own.")
+    for e, dec in decoded_messages(res, n):
+        problem = contrib.garbled(e, dec, SLOT_HINT)
         if problem:
             return problem
         for coeffs, _ in dec:

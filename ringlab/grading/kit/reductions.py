@@ -4,7 +4,7 @@ vector, and the reports of a wrong sum: the numbers, and "every message was righ
 
 import numpy as np
 
-from . import sums
+from . import contributions as contrib, sums
 from .frames import changed_in_place
 from .report import Case, Failure, numbers
 
@@ -34,6 +34,12 @@ def chunk_slices(length, n):
     """The slices of the N chunks np.array_split cuts a vector of ``length`` into."""
     bounds = np.cumsum([0] + chunk_sizes(length, n))
     return [slice(int(bounds[c]), int(bounds[c + 1])) for c in range(n)]
+
+
+def decoded_messages(res, n):
+    """[(event, its payload decoded by the contribution probe)] of the messages of a
+    probe run that carry something, in trace order."""
+    return [(e, contrib.decode(res.payload(e), n)) for e in res.trace if res.payload(e).size]
 
 
 def wrong_values(case, rank, out, ok, want, check):
