@@ -116,26 +116,12 @@ def _wrong_sum(program, case, rank, out, result):
     right = (length >= n and result.payloads is not None and not check_ring_trace(trace, case, length)
              and not checks.ring_partial_sums(result, case, length, "ring AllReduce"))
     res = contrib.probe_run(program, n, length)
-    if res is None:
-        return right_messages_wrong_result(fail, result, shown=shown) if right else fail
-    expected = (1,) * n
     # 1. what the output holds, element by element
-    first = None
-    for r, o in enumerate(res.outputs):
-        dec = contrib.decode(o, n)
-        for i, d in enumerate(dec):
-            if d is None or d[0] != expected or d[1] != i:
-                first = (r, i, dec)
-                break
-        if first:
-            break
+    first = _first_wrong_element(res, n) if res is not None else None
     if first is None:
         return right_messages_wrong_result(fail, result, shown=shown) if right else fail
-    r, i, dec = first
-    # the run of elements on that rank with the same wrong content
-    j = i
-    while j + 1 < len(dec) and dec[j + 1] is not None and dec[i] is not None and dec[j + 1][0] == dec[i][0]:
-        j += 1
+    r, i, j, dec, o = first
+    expected = (1,) * n
     span = f"element {i}" if i == j else f"elements {i}..{j}"
     if dec[i] is None:
         what = f"rank {r}, {span}: the value is not a sum of inputs at all"
@@ -161,6 +147,23 @@ def _wrong_sum(program, case, rank, out, result):
     fail.hint = hint or fail.hint or ("Write down, for N=3, which chunk each rank sends and receives at each step, "
                          "and compare with your index formulas.")
     return right_messages_wrong_result(fail, result, shown=shown) if right else fail
+
+
+def _first_wrong_element(res, n):
+    """(rank r, i, j, r's decoded output, r's output) for the first element of a probe
+    run's outputs that is not every contribution once, at its own position, and the
+    run i..j of elements with the same wrong content; or None."""
+    expected = (1,) * n
+    for r, o in enumerate(res.outputs):
+        dec = contrib.decode(o, n)
+        i = next((i for i, d in enumerate(dec) if d is None or d[0] != expected or d[1] != i), None)
+        if i is not None:
+            j = i
+            while (j + 1 < len(dec) and dec[j + 1] is not None and dec[i] is not None
+                   and dec[j + 1][0] == dec[i][0]):
+                j += 1
+            return r, i, j, dec, o
+    return None
 
 
 def _steps_note(trace, case):
