@@ -23,7 +23,9 @@ def ring(comm):
 # ============================================================== ring_allgather
 def _own_block(comm, x):
     """(n, r, right, left, blocks): a list of N blocks, this rank's own x in block r."""
-    n, r, right, left, blocks = _own_block(comm, x)
+    n, r, right, left = ring(comm)
+    blocks = [None] * n
+    blocks[r] = x
     return n, r, right, left, blocks
 
 
