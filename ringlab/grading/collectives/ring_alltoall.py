@@ -76,12 +76,10 @@ def check(program, case, backend="sim"):
         return Failure(case.label, "at most N-1 steps", f"the program took {trace.steps} steps",
                        expected=f"at most {n} - 1 = {n - 1} steps: in every step each rank sends one "
                                 f"message with all the blocks it passes on",
-                       got=f"{trace.steps} steps", hint=ONE_MESSAGE)
+                       got=f"{trace.steps} steps",
+                       hint="Put all the blocks you pass on in one step into one message (np.stack), "
+                            "instead of one message per block.")
     return None
-
-
-ONE_MESSAGE = ("Put all the blocks you pass on in one step into one message (np.stack), instead of "
-               "one message per block.")
 
 
 def _check_path(case, block, events):
