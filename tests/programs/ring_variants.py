@@ -65,14 +65,15 @@ def uses_rank_before_defined(comm, x):
     return np.concatenate(chunks)
 
 
-def _ring(comm, x, rs, ag):
-    """Two phases with index rules rs(k) and ag(k) -> (send_c, recv_c, accumulate)."""
+def _ring(comm, x, rs, ag, rs_sends=lambda chunk: chunk):
+    """Two phases with index rules rs(k) and ag(k) -> (send_c, recv_c, accumulate);
+    the reduce-scatter sends ``rs_sends(chunk)``."""
     n, r = comm.world_size, comm.rank
     out = x.copy()
     chunks = np.array_split(out, n)
     for k in range(n - 1):
         s, g, acc = rs(r, k, n)
-        got = comm.sendrecv(chunks[s], (r + 1) % n, (r - 1) % n)
+        got = comm.sendrecv(rs_sends(chunks[s]), (r + 1) % n, (r - 1) % n)
         chunks[g][...] = chunks[g] + got if acc else got
     for k in range(n - 1):
         s, g, acc = ag(r, k, n)

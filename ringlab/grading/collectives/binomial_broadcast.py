@@ -23,9 +23,8 @@ any other tree that reaches everyone in ceil(log2 N) steps (for N <= 6 the
 binary heap does too).
 """
 
-from ..kit import checks
+from ..kit import broadcast
 from ..kit.report import Failure
-from .tree_broadcast import bad_peer, cases, run_broadcast  # noqa: F401 - the same cases
 from ...cost import ceil_log2
 
 NAME = "binomial_broadcast"
@@ -42,18 +41,23 @@ HINTS = {
                      "first keeps the biggest subtree waiting. Send to the farthest child first; or, "
                      "simplest, in step k+1 let every position i < 2^k send to position i + 2^k.",
 }
+DOUBLING = "the number of ranks with the data can double every step"
 GENERIC = ("In step k+1 (k = 0, 1, ...) every rank that has the data, the positions i < 2^k counted "
            "from the root, sends it to position i + 2^k. The number of ranks with the data doubles "
            "every step.")
 
 
+cases = broadcast.cases       # the same as tree_broadcast's
+
+
 def check(program, case, backend="sim"):
-    n, root = case.world_size, case.info["root"]
-    result, failure = run_broadcast(program, case, backend, explain=_explain_run_failure)
-    if failure:
-        return failure
-    trace = result.trace
-    failure = checks.broadcast_receives(trace, case, root)
+    return broadcast.check(program, case, backend, _explain_run_failure, _steps)
+
+
+def _steps(result, case):
+    """Checks 3-5."""
+    n, root, trace = case.world_size, case.info["root"], result.trace
+    failure = broadcast.receives(trace, case, root)
     if failure:
         return failure
     k = ceil_log2(n)
@@ -62,16 +66,14 @@ def check(program, case, backend="sim"):
         return Failure(case.label, "at most ceil(log2 N) steps",
                        f"the broadcast took {trace.steps} steps: rank {last.dst} received the data "
                        f"only at step {last.step}",
-                       expected=f"ceil(log2 {n}) = {k} steps: the number of ranks with the data can "
-                                f"double every step",
-                       got=f"{trace.steps} steps",
-                       hint=HINTS.get(checks.broadcast_shape(trace, n, root), GENERIC))
-    return checks.broadcast_payloads(result, case)
+                       expected=f"ceil(log2 {n}) = {k} steps: {DOUBLING}", got=f"{trace.steps} steps",
+                       hint=HINTS.get(broadcast.shape(trace, n, root), GENERIC))
+    return broadcast.payloads(result, case)
 
 
 def _explain_run_failure(failure, case):
     """A send to a rank that does not exist, or to itself: a position past the end, wrapped."""
-    if bad_peer(failure.error):
+    if broadcast.bad_peer(failure.error):
         n = case.world_size
         failure.hint = (f"A child position i + 2^k exists only below N = {n}: positions past N - 1 = {n - 1} "
                         f"are not in the tree, and wrapping them around with % N makes them real ranks "

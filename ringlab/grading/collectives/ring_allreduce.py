@@ -36,9 +36,9 @@ chunks, which a program may skip).
 
 import numpy as np
 
-from ..kit import checks, contributions as contrib, sums
-from ..kit.frames import changed_in_place
-from ..kit.report import Case, Failure, numbers
+from ..kit import checks, contributions as contrib, reductions, sums
+from ..kit.reductions import right_messages_wrong_result, wrong_values
+from ..kit.report import numbers
 from ..kit.running import check_outputs_shape, run_case
 
 NAME = "ring_allreduce"
@@ -46,19 +46,7 @@ NAME = "ring_allreduce"
 DEPENDS_ON_ALL = True
 
 
-def cases(rng):
-    # N=4 first: small enough to read, big enough that neighbours, phases and
-    # wrong slots are distinguishable. The edge cases N=2 and N=1 come last.
-    for n in (4, 3, 5, 6, 7, 8, 2, 1):
-        lengths = [3 * n, 3 * n + 1] if n > 1 else [5]
-        if n in (3, 5):
-            lengths.append(n - 1)     # shorter than the world: some chunks are empty
-        if n == 4:
-            lengths.append(0)
-        for length in lengths:
-            # Random floats: every partial sum tells whose contributions it holds (sums.py).
-            inputs = sums.random_vectors(rng, n, length)
-            yield Case(n, inputs, f"world_size={n}, length={length}")
+cases = reductions.ring_cases
 
 
 def check(program, case, backend="sim"):
@@ -128,26 +116,12 @@ def _wrong_sum(program, case, rank, out, result):
     right = (length >= n and result.payloads is not None and not check_ring_trace(trace, case, length)
              and not checks.ring_partial_sums(result, case, length, "ring AllReduce"))
     res = contrib.probe_run(program, n, length)
-    if res is None:
-        return right_messages_wrong_result(fail, result, shown=shown) if right else fail
-    expected = (1,) * n
     # 1. what the output holds, element by element
-    first = None
-    for r, o in enumerate(res.outputs):
-        dec = contrib.decode(o, n)
-        for i, d in enumerate(dec):
-            if d is None or d[0] != expected or d[1] != i:
-                first = (r, i, dec)
-                break
-        if first:
-            break
+    first = _first_wrong_element(res, n) if res is not None else None
     if first is None:
         return right_messages_wrong_result(fail, result, shown=shown) if right else fail
-    r, i, dec = first
-    # the run of elements on that rank with the same wrong content
-    j = i
-    while j + 1 < len(dec) and dec[j + 1] is not None and dec[i] is not None and dec[j + 1][0] == dec[i][0]:
-        j += 1
+    r, i, j, dec, o = first
+    expected = (1,) * n
     span = f"element {i}" if i == j else f"elements {i}..{j}"
     if dec[i] is None:
         what = f"rank {r}, {span}: the value is not a sum of inputs at all"
@@ -175,6 +149,23 @@ def _wrong_sum(program, case, rank, out, result):
     return right_messages_wrong_result(fail, result, shown=shown) if right else fail
 
 
+def _first_wrong_element(res, n):
+    """(rank r, i, j, r's decoded output, r's output) for the first element of a probe
+    run's outputs that is not every contribution once, at its own position, and the
+    run i..j of elements with the same wrong content; or None."""
+    expected = (1,) * n
+    for r, o in enumerate(res.outputs):
+        dec = contrib.decode(o, n)
+        i = next((i for i, d in enumerate(dec) if d is None or d[0] != expected or d[1] != i), None)
+        if i is not None:
+            j = i
+            while (j + 1 < len(dec) and dec[j + 1] is not None and dec[i] is not None
+                   and dec[j + 1][0] == dec[i][0]):
+                j += 1
+            return r, i, j, dec, o
+    return None
+
+
 def _steps_note(trace, case):
     """'Also: it took 5 steps ...' when the step count is off too, else ''."""
     want = 2 * (case.world_size - 1)
@@ -183,26 +174,23 @@ def _steps_note(trace, case):
     return f"Also: the program took {checks.steps(trace.steps)}; a ring AllReduce takes 2(N-1) = {want}."
 
 
+SLOT_HINT = ("The chunk you receive at step k is the one your left neighbour sent, so compute "
+             "its index from the sender's rank, (rank - 1 - k) % N, not from your own.")
+
+
 def _first_bad_message(res, n):
     """In a ring AllReduce the message of step s carries min(s, N) contributions,
     each once, for one contiguous range of positions. Find the first that doesn't.
 
     A message mixing positions is reported first even if a count went wrong
     earlier: a chunk added into the wrong slot is the root cause of both."""
-    decoded = []
-    for e in res.trace:
-        payload = res.payload(e)
-        if payload.size:
-            decoded.append((e, contrib.decode(payload, n)))
+    decoded = reductions.decoded_messages(res, n)
     for e, dec in decoded:       # values that are no sums come first: nothing else can be read
         if any(d is None for d in dec):
             return contrib.garbled(e, dec, None)
-    for e, dec in decoded:
-        problem = contrib.garbled(
-            e, dec, "The chunk you receive at step k is the one your left neighbour sent, so compute "
-                    "its index from the sender's rank, (rank - 1 - k) % N, not from your own.")
-        if problem:
-            return problem
+    problem = next(filter(None, (contrib.garbled(e, dec, SLOT_HINT) for e, dec in decoded)), None)
+    if problem:
+        return problem
     for e, dec in decoded:
         want = min(e.step, n)
         phase = "reduce-scatter" if e.step < n else "all-gather"
@@ -230,38 +218,3 @@ def _first_bad_message(res, n):
                         f"{sum(coeffs)} contribution(s) ({contrib.holders(coeffs)}); at step {e.step} a ring "
                         f"AllReduce message holds {want}", hint)
     return None, None
-
-
-def wrong_values(case, rank, out, ok, want, check):
-    """The Failure for a result with wrong elements (``ok``: which are right),
-    showing numbers. Shared with ``ring_reduce_scatter``."""
-    bad = np.flatnonzero(~ok)
-    where = f"elements {bad[0]}..{bad[-1]}" if len(bad) > 1 else f"element {bad[0]}"
-    return Failure(case.label, check,
-                   f"rank {rank} has wrong values at {len(bad)} of {len(out)} elements ({where})",
-                   expected=numbers(want[bad]), got=numbers(out[bad]))
-
-
-RETURN = ("Return the array your chunks are in after the last step (if chunks are views of one "
-          "array, that array; if they are separate arrays, np.concatenate(chunks)).")
-
-
-def right_messages_wrong_result(fail, result, returns=RETURN, shown=None):
-    """Every message was right, so only what a rank returned is wrong: say so,
-    with the numbers ``shown`` = (expected, got), and name an array a receiver
-    changed in place (its sum went there). ``returns``: the hint that says what
-    to return."""
-    fail.what += ("\nEvery message was right: the ranks computed the sum, but what this rank "
-                  "returned is not it.")
-    if shown and shown != (fail.expected, fail.got):
-        fail.what += f"\nIt returned {shown[1]} where the sum is {shown[0]}."
-    fail.hint = returns
-    changed = changed_in_place(result, getattr(result, "handed", []))
-    if changed:
-        e = changed[0]
-        fail.what += (f"\nRank {e.dst} changed the array it received from rank {e.src} at step {e.step} "
-                      f"in place (got += ...): the sum went into that array, not into its result.")
-        fail.hint = ("Add what you receive into your own chunk (chunk += got), or store the sum back "
-                     "(chunk[...] = got + chunk): adding into the received array leaves your result "
-                     "without it. " + fail.hint)
-    return fail

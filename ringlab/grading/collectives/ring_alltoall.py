@@ -156,28 +156,32 @@ def _explain_wrong_block(case, result, failure):
         f"{got} and kept it, though it is for rank {kept[0][1]}" if len(blocks[g]) == 1 else
         f"{got}, and kept {B.name(kept[0])}, which is for rank {kept[0][1]}") + (
         f", passing on {B.name(own[0])}, its own" if own else ": nobody passes it on")
+    failure.hint = _kept_hint(n, g, x, blocks, own, right, dist, pos)
+
+
+def _kept_hint(n, g, x, blocks, own, right, dist, pos):
+    """The hint for rank x, which kept a block of message g meant for another rank."""
     step = "(rank + 1) % N, (rank + 2) % N" if right else "(rank - 1) % N, (rank - 2) % N"
     if own and pos == 0 and dist == sorted(dist, reverse=True):
-        failure.hint = (f"Rank {g.src}'s message lists its blocks farthest destination first, and rank {x} "
-                        f"kept the first one. Queue the blocks nearest destination first, those for ranks "
-                        f"{step}, ..., so that the first block of every message is the receiver's: "
-                        f"it keeps that one and passes on the rest.")
-    elif own and pos == len(dist) - 1 and dist == sorted(dist):
-        failure.hint = (f"Rank {x} kept the last block of the message. The blocks come nearest destination "
-                        f"first, so the one for the receiver is the first: keep that one and pass on the rest.")
-    elif own:
-        failure.hint = "Of the blocks that arrive, keep the one addressed to you and pass on the others."
-    elif all(len(bs) == 1 and bs[0][0] == e.src for e, bs in blocks.items()):
+        return (f"Rank {g.src}'s message lists its blocks farthest destination first, and rank {x} "
+                f"kept the first one. Queue the blocks nearest destination first, those for ranks "
+                f"{step}, ..., so that the first block of every message is the receiver's: "
+                f"it keeps that one and passes on the rest.")
+    if own and pos == len(dist) - 1 and dist == sorted(dist):
+        return (f"Rank {x} kept the last block of the message. The blocks come nearest destination "
+                f"first, so the one for the receiver is the first: keep that one and pass on the rest.")
+    if own:
+        return "Of the blocks that arrive, keep the one addressed to you and pass on the others."
+    if all(len(bs) == 1 and bs[0][0] == e.src for e, bs in blocks.items()):
         sign = "(rank + k) % N" if right else "(rank - k) % N"
         shift = all(bs[0][1] == (e.src + (e.step if e.dst == (e.src + 1) % n else -e.step)) % n
                     for e, bs in blocks.items())
-        failure.hint = ("No rank ever passes a block on: every message carries one of the sender's own "
-                        "blocks. " + (f"At step k each rank sends its block for rank {sign}, the pairwise "
-                        f"exchange's choice: there that message goes straight to that rank, but here it "
-                        f"goes to the neighbour, which keeps it. " if shift else "")
-                        + "On a ring a block for a rank k places away must be passed on by the ranks in "
-                        "between: each step, send all the blocks still travelling; the receiver keeps the "
-                        "one for it and passes on the rest.")
-    else:
-        failure.hint = ("Pass on every block that is not meant for you: a block for a rank k places away "
-                        "crosses k links.")
+        return ("No rank ever passes a block on: every message carries one of the sender's own "
+                "blocks. " + (f"At step k each rank sends its block for rank {sign}, the pairwise "
+                f"exchange's choice: there that message goes straight to that rank, but here it "
+                f"goes to the neighbour, which keeps it. " if shift else "")
+                + "On a ring a block for a rank k places away must be passed on by the ranks in "
+                "between: each step, send all the blocks still travelling; the receiver keeps the "
+                "one for it and passes on the rest.")
+    return ("Pass on every block that is not meant for you: a block for a rank k places away "
+            "crosses k links.")

@@ -29,20 +29,17 @@ when L >= N (shorter vectors have empty chunks, which a program may skip).
 import numpy as np
 
 from ..kit import checks, contributions as contrib, sums
+from ..kit.reductions import (chunk_sizes, chunk_slices, decoded_messages, right_messages_wrong_result,
+                              wrong_values)
+from ..kit.reductions import ring_cases
 from ..kit.report import Failure
 from ..kit.running import plain_array, run_case
-from .ring_allreduce import check_ring_trace, right_messages_wrong_result, wrong_values  # noqa: F401
 
 NAME = "ring_reduce_scatter"
 # Every rank's result needs every rank's data (the causality check: see kit/causality.py).
 DEPENDS_ON_ALL = True
-
-
-def cases(rng):
-    """The same worlds and vectors as ring_allreduce's grader (a reduce-scatter is
-    its first half)."""
-    from .ring_allreduce import cases as allreduce_cases
-    return allreduce_cases(rng)
+# The same worlds and vectors as ring_allreduce's grader (a reduce-scatter is its first half).
+cases = ring_cases
 
 
 def check(program, case, backend="sim"):
@@ -57,16 +54,11 @@ def check(program, case, backend="sim"):
         failure = _check_shape(case, r, out, want[r], length)
         if failure:
             return failure
-    mine = _chunk_slices(length, n)
+    mine = chunk_slices(length, n)
     for r, out in enumerate(result.outputs):
         if not sums.holds(out, case.inputs, range(n), mine[r]):
             return _wrong_sum(program, case, r, out, want[r], result)
     return _check_trace(result, case, length)
-
-
-def _chunk_slices(length, n):
-    bounds = np.cumsum([0] + _chunk_sizes(length, n))
-    return [slice(bounds[c], bounds[c + 1]) for c in range(n)]
 
 
 def _check_trace(result, case, length):
@@ -103,7 +95,7 @@ def _check_shape(case, r, out, want, length):
     if out.shape != want.shape:
         n = case.world_size
         whole = out.shape == (length,) and length != len(want)
-        sizes = _chunk_sizes(length, n)
+        sizes = chunk_sizes(length, n)
         if whole:
             hint = "Return only your own chunk: np.array_split(vector, world_size)[rank]."
         else:
@@ -121,11 +113,6 @@ def _check_shape(case, r, out, want, length):
     return None
 
 
-def _chunk_sizes(length, n):
-    """The lengths of the N chunks np.array_split cuts a vector of ``length`` into."""
-    return [len(c) for c in np.array_split(np.zeros(length), n)]
-
-
 def _chunk_of(starts, pos):
     """The chunk that element ``pos`` of the vector is in; ``starts``: where each chunk starts."""
     return int(np.searchsorted(starts, pos, side="right") - 1)
@@ -139,7 +126,7 @@ def _listing(items):
 def _wrong_sum(program, case, rank, out, want, result):
     """Explain a wrong chunk exactly, using the contribution probe."""
     n, length = case.world_size, len(case.inputs[0])
-    fail = wrong_values(case, rank, out, sums.close(out, case.inputs, range(n), _chunk_slices(length, n)[rank]),
+    fail = wrong_values(case, rank, out, sums.close(out, case.inputs, range(n), chunk_slices(length, n)[rank]),
                         want, "rank r ends with chunk r of the sum of all inputs")
     fail.what += " of its chunk"
     shown = fail.expected, fail.got
@@ -147,7 +134,7 @@ def _wrong_sum(program, case, rank, out, want, result):
     res = contrib.probe_run(program, n, length)
     if res is None:
         return _right_messages(fail, result, shown) if right else fail
-    starts = np.cumsum([0] + _chunk_sizes(length, n))
+    starts = np.cumsum([0] + chunk_sizes(length, n))
     ones = (1,) * n
     decoded = [contrib.decode(o, n) if isinstance(o, np.ndarray) else [] for o in res.outputs]
     # 1. The first element that is not "every rank's contribution, once".
@@ -218,18 +205,16 @@ def _completes_other_chunk(res, n, starts):
             + " Work backwards from 'rank r adds into chunk r at step N-1'.")
 
 
+SLOT_HINT = ("The chunk you receive at step k is the one your left neighbour sent at step k: "
+             "compute its index from the neighbour's rank, not from your own.")
+
+
 def _first_bad_message(res, n, outputs):
     """In a ring ReduceScatter the message of step s carries s contributions, each
     once, for one contiguous range of positions. Find the first that doesn't.
     ``outputs``: the decoded outputs, to tell a lost addition from a lost forward."""
-    for e in res.trace:
-        payload = res.payload(e)
-        if not payload.size:
-            continue
-        dec = contrib.decode(payload, n)
-        problem = contrib.garbled(
-            e, dec, "The chunk you receive at step k is the one your left neighbour sent at step k: "
-                    "compute its index from the neighbour's rank, not from your own.")
+    for e, dec in decoded_messages(res, n):
+        problem = contrib.garbled(e, dec, SLOT_HINT)
         if problem:
             return problem
         for coeffs, _ in dec:

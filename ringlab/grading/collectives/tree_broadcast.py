@@ -25,13 +25,10 @@ one message per tree edge it is fixed by the tree, about 2 log2 N; see
 ``ringlab.cost.binary_tree_steps``.)
 """
 
-import numpy as np
-
-from ..kit import checks
+from ..kit import broadcast
 from ..kit.deadlock import waits_for
-from ..kit.report import Case, Failure, numbers
-from ..kit.running import check_outputs_shape, run_case
-from ...errors import CommError, DeadlockError, RankError
+from ..kit.report import Failure
+from ...errors import DeadlockError
 
 NAME = "tree_broadcast"
 
@@ -50,52 +47,16 @@ GENERIC = ("Position i = (rank - root) % N receives from position (i - 1) // 2 a
            "positions 2i+1 and 2i+2 (those below N).")
 
 
-def cases(rng):
-    """Shared with ``binomial_broadcast``: N=4 first, then bigger, the edge cases last;
-    every world with root 0 and with a random other root."""
-    for n in (4, 3, 5, 6, 7, 8, 12, 2, 1):
-        roots = [0, int(rng.integers(1, n))] if n > 1 else [0]
-        for root in roots:
-            length = int(rng.integers(1, 7))
-            x = rng.uniform(1, 2, length) * rng.choice([-1.0, 1.0], length)   # random floats
-            inputs = [x if r == root else None for r in range(n)]
-            yield Case(n, inputs, f"world_size={n}, root={root}, length={length}", args=(root,),
-                       info={"root": root, "x": x})
-
-
-def run_broadcast(program, case, backend, explain=None):
-    """Checks 1-2, shared with ``binomial_broadcast``: (result, None) or (None, Failure).
-    ``explain(failure, case)`` may sharpen the hint of a run that failed."""
-    root, x = case.info["root"], case.info["x"]
-    result, failure = run_case(program, case, backend)
-    if failure:
-        if explain is not None:
-            explain(failure, case)
-        # A program that raised or deadlocked may lay the tree out from rank 0, not from the root.
-        if root != 0 and isinstance(failure.error, (RankError, DeadlockError)):
-            failure.hint = (f"{failure.hint} This case's root is rank {root}: if your program works "
-                            f"with root 0, count positions from the root, i = (rank - root) % N, "
-                            f"and turn positions back into ranks with (i + root) % N.")
-        return None, failure
-    failure = check_outputs_shape(result, case, x.shape, receives=lambda r: r != root)
-    if failure:
-        return None, failure
-    for r, out in enumerate(result.outputs):
-        if not np.array_equal(out, x):
-            bad = np.flatnonzero(out != x)
-            return None, Failure(case.label, "every rank ends with the root's data",
-                                 f"rank {r} has wrong values at {len(bad)} of {len(x)} elements",
-                                 expected=numbers(x, 6), got=numbers(out, 6),
-                                 hint="Return the array you received (the root returns its own x).")
-    return result, None
+cases = broadcast.cases
 
 
 def check(program, case, backend="sim"):
-    n, root = case.world_size, case.info["root"]
-    result, failure = run_broadcast(program, case, backend, explain=_explain_run_failure)
-    if failure:
-        return failure
-    trace = result.trace
+    return broadcast.check(program, case, backend, _explain_run_failure, _tree)
+
+
+def _tree(result, case):
+    """Checks 3-5."""
+    n, root, trace = case.world_size, case.info["root"], result.trace
     for e in trace:
         p, c = (e.src - root) % n, (e.dst - root) % n
         if c not in (2 * p + 1, 2 * p + 2):
@@ -109,12 +70,12 @@ def check(program, case, backend="sim"):
                 got=f"rank {e.src} -> rank {e.dst}",
                 hint=("Messages only go down the tree: send nothing back to the parent."
                       if p and c == (p - 1) // 2
-                      else HINTS.get(checks.broadcast_shape(trace, n, root), GENERIC)))
-    return (checks.broadcast_receives(
+                      else HINTS.get(broadcast.shape(trace, n, root), GENERIC)))
+    return (broadcast.receives(
                 trace, case, root,
                 shape_hint="Send the whole vector to each child once, in one message: then every rank "
                            "receives exactly once.")
-            or checks.broadcast_payloads(result, case))
+            or broadcast.payloads(result, case))
 
 
 HEAP = ("In the heap laid out from the root, position i = (rank - root) % N has its children at "
@@ -138,7 +99,7 @@ def _explain_run_failure(failure, case):
                     + (f" ({i} // 2 would be its parent if positions counted from 1)" if pos(peer) == i // 2 else "")
                     + ". " + HEAP)
                 return
-    elif bad_peer(err):
+    elif broadcast.bad_peer(err):
         i = pos(err.rank)
         past = [c for c in (2 * i + 1, 2 * i + 2) if c >= n]
         if past:
@@ -148,9 +109,3 @@ def _explain_run_failure(failure, case):
                             f"are not in the tree; wrapping them around with % N makes them real ranks "
                             f"({wraps}). Skip a child position c >= N (send only if c < N).")
 
-
-def bad_peer(err):
-    """Whether ``err`` is a rank's send/recv naming a rank that does not exist, or itself."""
-    return (isinstance(err, RankError) and isinstance(err.exc, CommError)
-            and any(s in str(err.exc) for s in ("there is no rank", "cannot send to or from itself",
-                                                 "cannot recv to or from itself")))

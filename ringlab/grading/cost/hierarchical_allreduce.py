@@ -46,6 +46,8 @@ import functools
 import numpy as np
 
 from ..kit import sums
+from ..kit.driver import callable_learner
+from ..kit.reductions import chunk_slices, wrong_values
 from ..kit.frames import without_grader_frames
 from ..kit.report import Case, Failure, numbers
 from ..kit.running import check_outputs_shape, run_case
@@ -53,8 +55,6 @@ from ...cost.alpha_beta import AlphaBeta, TwoLevel
 from ...cost.interconnects import INTERCONNECTS
 from ...cost.timing import two_level_time
 from ...mesh import DeviceMesh
-from ..kit.driver import callable_learner
-from ..collectives.ring_allreduce import wrong_values
 
 NAME = "hierarchical_allreduce"
 # Part 1's collectives are helpers here; the answer to this exercise is not (ringlab.answers).
@@ -140,6 +140,22 @@ def _where(r, g):
     return f"rank {r} (node {r // g}, GPU {r % g})"
 
 
+def _off_rail(e, g):
+    """Whether message ``e`` goes between nodes from GPU g to a GPU of another index."""
+    return e.src // g != e.dst // g and e.src % g != e.dst % g
+
+
+def _traffic(trace, n, g, across):
+    """The messages between nodes (``across``) or inside them, and the bytes each rank
+    sent and received in them."""
+    events = [e for e in trace if (e.src // g != e.dst // g) == across]
+    sent, got = [0] * n, [0] * n
+    for e in events:
+        sent[e.src] += e.nbytes
+        got[e.dst] += e.nbytes
+    return events, sent, got
+
+
 def _range(lo, hi):
     return f"{lo} bytes" if lo == hi else f"{lo} to {hi} bytes"
 
@@ -176,9 +192,8 @@ def _wrong_sum(case, rank, out, trace):
         members = sums.which(out[i:i + 1], case.inputs, slice(i, i + 1))
         fail.what += f"\nElement {i} on rank {rank} holds " + _held(members, case)
         fail.hint = _held_hint(members, rank, case)
-    crossed = [e for e in trace if e.src // g != e.dst // g and e.src % g != e.dst % g]
-    if crossed:
-        e = crossed[0]
+    e = next((e for e in trace if _off_rail(e, g)), None)
+    if e is not None:
         fail.what += (f"\nAt step {e.step} {_where(e.src, g)} sent to {_where(e.dst, g)}: "
                       f"between nodes, to a GPU of another index.")
         fail.hint = ("Across nodes, GPU g talks only to GPU g of the other nodes: they hold the "
@@ -220,11 +235,7 @@ def cross_node_bytes(trace, case):
     """Each GPU sends and receives 2(M-1)/M of n/G between nodes; all together 2(M-1) n."""
     m, g = case.info["nodes"], case.info["gpus"]
     n, length = m * g, len(case.inputs[0])
-    cross = [e for e in trace if e.src // g != e.dst // g]
-    sent, got = [0] * n, [0] * n
-    for e in cross:
-        sent[e.src] += e.nbytes
-        got[e.dst] += e.nbytes
+    cross, sent, got = _traffic(trace, n, g, across=True)
     piece = _split(length, n)            # one GPU's piece of its block, for each of M nodes
     lo, hi = 2 * (m - 1) * piece[0] * 8, 2 * (m - 1) * piece[1] * 8
     want = (f"2(M-1)/M x n/G x 8 = 2*{m - 1}/{m} x {length}/{g} x 8 = {_range(lo, hi)} "
@@ -259,10 +270,12 @@ def cross_node_bytes(trace, case):
                        f"{sum(sent)} bytes crossed nodes in total",
                        expected=f"2(M-1) x n x 8 = {total} bytes: every element passes M-1 "
                                 f"links between nodes in each half of the ring",
-                       got=f"{sum(sent)} bytes",
-                       hint="Split each block into M pieces with np.array_split and send every "
-                            "piece exactly once per ring step.")
+                       got=f"{sum(sent)} bytes", hint=PIECES)
     return None
+
+
+PIECES = ("Split each block into M pieces with np.array_split and send every piece exactly once "
+          "per ring step.")
 
 
 def _per_rank(sent, got, g):
@@ -297,19 +310,20 @@ def _cross_hint(cross, sent, case):
 def same_index(trace, case):
     """Messages between nodes connect GPU g of one node with GPU g of another."""
     g = case.info["gpus"]
-    for e in trace:
-        if e.src // g != e.dst // g and e.src % g != e.dst % g:
-            return Failure(case.label, "between nodes, only GPUs with the same index talk",
-                           f"at step {e.step} {_where(e.src, g)} sent {e.nbytes} bytes to "
-                           f"{_where(e.dst, g)}",
-                           expected="messages between nodes only from GPU g to GPU g "
-                                    "(mesh.group('node'))",
-                           got=f"GPU {e.src % g} -> GPU {e.dst % g}",
-                           hint="On a rail-optimised cluster GPU g of every node is wired to "
-                                "the same switch; a message from GPU g to GPU h != g takes "
-                                "extra hops. Keep the same block on the same GPU index on "
-                                "every node and AllReduce it over mesh.group('node').")
-    return None
+    e = next((e for e in trace if _off_rail(e, g)), None)
+    if e is None:
+        return None
+    return Failure(case.label, what=f"at step {e.step} {_where(e.src, g)} sent {e.nbytes} bytes "
+                                    f"to {_where(e.dst, g)}",
+                   got=f"GPU {e.src % g} -> GPU {e.dst % g}", **SAME_INDEX)
+
+
+SAME_INDEX = dict(
+    check="between nodes, only GPUs with the same index talk",
+    expected="messages between nodes only from GPU g to GPU g (mesh.group('node'))",
+    hint="On a rail-optimised cluster GPU g of every node is wired to the same switch; a message "
+         "from GPU g to GPU h != g takes extra hops. Keep the same block on the same GPU index on "
+         "every node and AllReduce it over mesh.group('node').")
 
 
 def one_ring_across(trace, case):
@@ -324,27 +338,26 @@ def one_ring_across(trace, case):
     for r, sent in sorted(peers.items()):
         to = sorted({e.dst for e in sent})
         if len(to) > 1:
-            return Failure(case.label, "between nodes, a ring: each GPU sends to one neighbour",
-                           f"{_where(r, g)} sent to {len(to)} GPUs on other nodes: "
-                           + ", ".join(_where(d, g) for d in to),
-                           expected="messages between nodes to one GPU only: the next node's "
-                                    "GPU with the same index (a ring over mesh.group('node'))",
-                           got=f"{len(to)} destinations",
-                           hint="Across nodes the exercise asks for a ring AllReduce of the "
-                                "block: 2(M-1) steps, each GPU sending to its right neighbour "
-                                "in mesh.group('node') only (ring_allreduce on that group).")
+            return Failure(case.label, what=f"{_where(r, g)} sent to {len(to)} GPUs on other "
+                                            f"nodes: " + ", ".join(_where(d, g) for d in to),
+                           got=f"{len(to)} destinations", **ONE_RING)
     return None
+
+
+ONE_RING = dict(
+    check="between nodes, a ring: each GPU sends to one neighbour",
+    expected="messages between nodes to one GPU only: the next node's GPU with the same index "
+             "(a ring over mesh.group('node'))",
+    hint="Across nodes the exercise asks for a ring AllReduce of the block: 2(M-1) steps, each "
+         "GPU sending to its right neighbour in mesh.group('node') only (ring_allreduce on that "
+         "group).")
 
 
 def inside_node_bytes(trace, case):
     """A ReduceScatter and an AllGather of n inside each node: 2(G-1)/G of n per GPU."""
     m, g = case.info["nodes"], case.info["gpus"]
     n, length = m * g, len(case.inputs[0])
-    inside = [e for e in trace if e.src // g == e.dst // g]
-    sent, got = [0] * n, [0] * n
-    for e in inside:
-        sent[e.src] += e.nbytes
-        got[e.dst] += e.nbytes
+    _, sent, got = _traffic(trace, n, g, across=False)
     block = _split(length, g)
     lo, hi = 2 * (g - 1) * block[0] * 8, 2 * (g - 1) * block[1] * 8
     want = (f"2(G-1)/G x n x 8 = 2*{g - 1}/{g} x {length} x 8 = {_range(lo, hi)} per GPU "
@@ -369,11 +382,6 @@ def inside_node_bytes(trace, case):
 
 # -- 6. payloads --------------------------------------------------------------------------
 
-def _slices(length, parts):
-    bounds = np.cumsum([0] + [len(c) for c in np.array_split(np.zeros(length), parts)])
-    return [slice(int(bounds[i]), int(bounds[i + 1])) for i in range(parts)]
-
-
 def payloads(result, case):
     """Between nodes: a piece of the sender's one block, summed over whole nodes
     (the sender's among them). Inside a node: a whole block, summed over GPUs of
@@ -382,9 +390,9 @@ def payloads(result, case):
         return None
     m, g = case.info["nodes"], case.info["gpus"]
     n, length, inputs = m * g, len(case.inputs[0]), case.inputs
-    blocks = _slices(length, g)
+    blocks = chunk_slices(length, g)
     pieces = [(b, slice(blk.start + s.start, blk.start + s.stop))
-              for b, blk in enumerate(blocks) for s in _slices(blk.stop - blk.start, m)]
+              for b, blk in enumerate(blocks) for s in chunk_slices(blk.stop - blk.start, m)]
     block_of = {}
     for e in result.trace:
         p = result.payload(e)
@@ -401,14 +409,10 @@ def payloads(result, case):
                                     f"of node {home} and of any other nodes")
             b = block_of.setdefault(e.src, found[0])
             if b != found[0]:
-                return Failure(case.label, "what crosses nodes is one GPU's block",
-                               f"at step {e.step} {_where(e.src, g)} sent a piece of block "
-                               f"{found[0]} across nodes, after pieces of block {b}",
-                               expected="every message a GPU sends across nodes belongs to one "
-                                        "block: the one it holds after the ReduceScatter",
-                               got=f"blocks {b} and {found[0]}",
-                               hint="AllReduce across nodes only your own block, the one the "
-                                    "ReduceScatter inside the node left you.")
+                return Failure(case.label, what=f"at step {e.step} {_where(e.src, g)} sent a "
+                                                f"piece of block {found[0]} across nodes, after "
+                                                f"pieces of block {b}",
+                               got=f"blocks {b} and {found[0]}", **ONE_BLOCK)
         else:
             own = range(home * g, home * g + g)
             mates = [r for r in own if r != e.src]
@@ -421,6 +425,14 @@ def payloads(result, case):
                                     f"node {home} with rank {e.src} among them (ReduceScatter) "
                                     f"or over all {n} ranks (AllGather)")
     return None
+
+
+ONE_BLOCK = dict(
+    check="what crosses nodes is one GPU's block",
+    expected="every message a GPU sends across nodes belongs to one block: the one it holds after "
+             "the ReduceScatter",
+    hint="AllReduce across nodes only your own block, the one the ReduceScatter inside the node "
+         "left you.")
 
 
 def _whole_nodes(home, m, g):

@@ -1,6 +1,8 @@
 """What every grader uses: ``report`` (the report, the grade loop, running a
 case), ``checks`` (trace checks and the integrity of the grader's modules),
 ``blocks`` and ``sums`` / ``contributions`` (what a message's payload holds),
+``broadcast`` and ``reductions`` (what the graders of broadcasts and of
+reductions share),
 ``causality`` (a message carries only what its sender knew), ``deadlock``
 (diagnoses), ``apart`` (the self-check in a process of its own), ``driver``
 (what a grader's driver uses inside the ranks), ``memory`` (what a rank's

@@ -144,73 +144,6 @@ def total_bytes(trace, case, want, *, expected, hint):
     return None
 
 
-# -- broadcasts ---------------------------------------------------------------------
-
-def broadcast_receives(trace, case, root, shape_hint=None):
-    """The root receives nothing, and every other rank receives exactly one message."""
-    n = case.world_size
-    counts = [0] * n
-    for e in trace:
-        if e.dst == root:
-            return Failure(case.label, "the root receives nothing",
-                           f"at step {e.step} rank {e.src} sent a message to the root, rank {root}",
-                           expected=f"no message to rank {root}: it has the data from the start",
-                           got=e.describe(),
-                           hint="Count positions from the root, i = (rank - root) % N, so that the root "
-                                "is position 0 and has no parent; and send nothing back up the tree.")
-        counts[e.dst] += 1
-    for r in range(n):
-        if r != root and counts[r] != 1:
-            got = [e for e in trace if e.dst == r]
-            return Failure(case.label, "every rank except the root receives exactly once",
-                           f"rank {r} received {counts[r]} messages",
-                           expected="one message per rank: the whole vector, from its parent",
-                           got="; ".join(e.describe() for e in got) or "nothing",
-                           hint=shape_hint or "Send the whole vector in one message to each child, once.")
-    return None
-
-
-def broadcast_payloads(result, case):
-    """Every message of a broadcast carries the root's data exactly: its size
-    (x.nbytes) and its values, read from the recorded payloads."""
-    x = case.info["x"]
-    for e in result.trace:
-        p = result.payload(e) if result.payloads is not None else None
-        if e.nbytes != x.nbytes or (p is not None and not (
-                p.dtype == x.dtype and p.shape == x.shape and np.array_equal(p, x))):
-            empty = " (an empty message)" if e.nbytes == 0 else ""
-            return Failure(case.label, "every message carries the root's data",
-                           f"at step {e.step} rank {e.src} sent rank {e.dst} {e.nbytes} bytes{empty}, "
-                           f"shape {e.shape} {e.dtype}" + ("" if e.nbytes != x.nbytes else ", other values"),
-                           expected=f"the root's x: {x.size} float64 values, {x.nbytes} bytes, unchanged: "
-                                    f"{numbers(x)}",
-                           got=numbers(p) if p is not None else f"{e.nbytes} bytes",
-                           hint="Send each child the data exactly as you received it (the root: its x). "
-                                "The grader reads every message: the data must travel down the tree.")
-    return None
-
-
-def broadcast_shape(trace, n, root):
-    """A name for the pattern of a broadcast's messages, to explain a failure:
-    'flat', 'chain', 'binary tree', 'binary tree around rank 0', 'binomial tree'
-    or None. Positions are counted from the root."""
-    if not len(trace):
-        return None
-    pos = [((e.src - root) % n, (e.dst - root) % n) for e in trace]
-    if all(p == 0 for p, _ in pos):
-        return "flat"
-    if all(c == p + 1 for p, c in pos):
-        return "chain"
-    if all(c in (2 * p + 1, 2 * p + 2) for p, c in pos):
-        return "binary tree"
-    if root and all(e.dst in (2 * e.src + 1, 2 * e.src + 2) for e in trace):
-        return "binary tree around rank 0"
-    # binomial: the parent of position c is c minus one of its set bits (either labelling)
-    if all(p < c and (c - p) & (c - p - 1) == 0 and c & (c - p) for p, c in pos):
-        return "binomial tree"
-    return None
-
-
 # -- what messages carry ------------------------------------------------------------
 
 def ring_partial_sums(result, case, length, name):
@@ -222,11 +155,11 @@ def ring_partial_sums(result, case, length, name):
     so nothing but the real partial sums can pass (see ``sums.py``). ``name``:
     "ring AllReduce" or "ring ReduceScatter"."""
     from . import sums
+    from .reductions import chunk_slices
     if result.payloads is None:
         return None
     n, inputs = case.world_size, case.inputs
-    bounds = np.cumsum([0] + [len(c) for c in np.array_split(np.zeros(length), n)])
-    chunks = [slice(bounds[c], bounds[c + 1]) for c in range(n)]
+    chunks = chunk_slices(length, n)
     for e in result.trace:
         p = result.payload(e)
         if e.step < n:

@@ -25,9 +25,9 @@ expected, p - 1 - r, and the one found), forward and backward swapped in the
 steady state.
 """
 
-from fractions import Fraction
-
+import functools
 import numbers
+from fractions import Fraction
 
 import numpy as np
 
@@ -131,34 +131,14 @@ def cases(rng):
 
 
 def check(program, case, backend="sim"):
-    import functools
     result, failure = run_case(functools.partial(drive, learner=program), case, backend)
     if failure:
         failure.got = without_grader_frames(failure.got)
         return failure
+    schedule, failure = _read(result, case)
+    if failure:
+        return failure
     p, m = case.info["p"], case.info["m"]
-    schedule = []
-    for r, out in enumerate(result.outputs):
-        text = problem_text(out)
-        ok = (isinstance(out, (list, tuple)) and len(out) == 2
-              and isinstance(out[1], np.ndarray) and out[1].ndim == 2)
-        if text or not ok:
-            return Failure(case.label, "returns a list of Actions",
-                           text or f"rank {r}: the function's result could not be read",
-                           expected=RETURNS, hint="Return a list of ringlab.pipeline.Action.")
-        schedule.append([Action(KINDS[k], int(mb), int(s)) for k, mb, s in out[1]])
-    for r, acts in enumerate(schedule):
-        for i, a in enumerate(acts):
-            if a.kind == "W":
-                return Failure(case.label, "returns a list of Actions",
-                               f"rank {r}'s list has {a} at position {i}: 1F1B has no W "
-                               f"(B does the whole backward)", hint=HINT)
-            if a.stage != r:
-                return Failure(case.label, "returns a list of Actions",
-                               f"rank {r}'s list has {a} at position {i}: stage {a.stage}, not "
-                               f"rank {r}'s own stage {r}",
-                               hint=f"Rank r runs stage r: Action(kind, mb, r), here "
-                                    f'Action("F", {a.mb}, {r}).')
     shown = format_schedule(schedule) if p * 2 * m <= 80 else ""
     diagnosis = diagnose(schedule, p, m)
 
@@ -169,12 +149,49 @@ def check(program, case, backend="sim"):
             got = f"{got}\nyour schedule:\n{shown}"
         return Failure(case.label, check_name, what, expected=expected, got=got, hint=hint)
 
+    return _valid(schedule, p, m, fail) or _in_flight(schedule, p, m, fail) or _bubble(schedule, p, m, fail)
+
+
+def _read(result, case):
+    """Check 1: (the schedule, the ranks' lists put together, and None) or (None, Failure)."""
+    schedule = []
+    for r, out in enumerate(result.outputs):
+        text = problem_text(out)
+        ok = (isinstance(out, (list, tuple)) and len(out) == 2
+              and isinstance(out[1], np.ndarray) and out[1].ndim == 2)
+        if text or not ok:
+            return None, Failure(case.label, "returns a list of Actions",
+                                 text or f"rank {r}: the function's result could not be read",
+                                 expected=RETURNS, hint="Return a list of ringlab.pipeline.Action.")
+        schedule.append([Action(KINDS[k], int(mb), int(s)) for k, mb, s in out[1]])
+    for r, acts in enumerate(schedule):
+        for i, a in enumerate(acts):
+            if a.kind == "W":
+                return None, Failure(case.label, "returns a list of Actions",
+                                     f"rank {r}'s list has {a} at position {i}: 1F1B has no W "
+                                     f"(B does the whole backward)", hint=HINT)
+            if a.stage != r:
+                return None, Failure(case.label, "returns a list of Actions",
+                                     f"rank {r}'s list has {a} at position {i}: stage {a.stage}, "
+                                     f"not rank {r}'s own stage {r}",
+                                     hint=f"Rank r runs stage r: Action(kind, mb, r), here "
+                                          f'Action("F", {a.mb}, {r}).')
+    return schedule, None
+
+
+def _valid(schedule, p, m, fail):
+    """Check 2: ringlab.pipeline.validate finds nothing."""
     found = validate(schedule, n_stages=p, n_microbatches=m)
     if found:
         return fail("the schedule is valid", f"ringlab.pipeline.validate: {found}",
                     "a schedule validate() accepts: each rank runs F then B of every "
                     "microbatch, in order, and no rank waits for an input that never comes",
                     str(found))
+    return None
+
+
+def _in_flight(schedule, p, m, fail):
+    """Check 3: rank r holds at most min(p - r, m) microbatches at once."""
     peaks = peak_in_flight(schedule)
     for r, peak in enumerate(peaks):
         want = min(p - r, m)
@@ -192,6 +209,11 @@ def check(program, case, backend="sim"):
                         f"min(p - r, m) = {want} on rank {r} (per rank: "
                         f"{[min(p - q, m) for q in range(p)]})",
                         f"{peak} on rank {r} (per rank: {peaks})")
+    return None
+
+
+def _bubble(schedule, p, m, fail):
+    """Check 4: the ideal timeline's bubble is (p - 1) / m, with t_b = t_f and 2 t_f."""
     want = Fraction(p - 1, m)
     for t_b in (1, 2):
         got = bubble_ratio(timeline(schedule, t_f=1, t_b=t_b))

@@ -1,8 +1,8 @@
 """Grader for exercise ``pipeline_stage``: one rank's program of a pipeline.
 
 Signature: ``pipeline_stage(comm, work) -> dict {name: gradient}``. ``work``
-holds what ``ringlab.pipeline.stages.StageWork`` holds (the fields the
-notebook describes):
+is a ``ringlab.pipeline.stages.StageWork`` (the fields the notebook
+describes):
 
 * ``actions``: this rank's list of ``Action``s, in the order to run them
   (F, B and, in zero-bubble schedules, W);
@@ -54,7 +54,6 @@ from __future__ import annotations
 import copy
 import functools
 import re
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -66,6 +65,8 @@ from ..kit.running import run_case
 from ...errors import DeadlockError
 from ...nn import GeLU, Linear, Sequential, mlp_model, mse
 from ...pipeline.actions import needs, parse, sends, stage_rank
+# StageWork (what a rank is given) and split_model are tools; stages.pipeline_stage is the answer
+from ...pipeline.stages import StageWork, split_model
 
 NAME = "pipeline_stage"
 # actions, schedules and validate are tools here; ringlab.pipeline.stages holds the answer
@@ -96,19 +97,6 @@ RENDEZVOUS_HINT = (
     "state a stage sends an activation forward while the next one sends a gradient back. "
     "Send with comm.isend and wait for the requests at the end (or post the receive first with "
     "comm.irecv), so that a rank only ever waits for data its action needs.")
-
-
-@dataclass
-class Work:
-    """What one rank is given (the fields of ``ringlab.pipeline.stages.StageWork``)."""
-
-    actions: list
-    stages: dict
-    n_stages: int
-    inputs: list | None = None
-    targets: list | None = None
-    batch_rows: int = 0
-    seconds: dict = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------- the schedules
@@ -153,8 +141,13 @@ def _build(layers):
 
 
 def _split(model, n_stages):
-    from ...pipeline.stages import split_model       # the grader's side: trusted
     return split_model(copy.deepcopy(model), n_stages)
+
+
+def _whole_name(first, name):
+    """A stage's parameter name ("1.weight") as the whole model names it, from the
+    stage's first layer: "3.weight" for first = 2."""
+    return f"{first + int(name.split('.')[0])}.{name.split('.', 1)[1]}"
 
 
 def expected(model, x, y, n_stages, m):
@@ -182,7 +175,7 @@ def expected(model, x, y, n_stages, m):
             d = pieces[s][1].backward(d)
             if s > 0:
                 payloads["gradient", s - 1, i] = d.copy()
-        per_mb.append({f"{first + int(n.split('.')[0])}.{n.split('.', 1)[1]}": g.copy()
+        per_mb.append({_whole_name(first, n): g.copy()
                        for first, mod in pieces for n, g in mod.named_grads().items()})
     return grads, per_mb, payloads, pieces
 
@@ -206,8 +199,7 @@ def cases(rng):
                            [a.copy() for a in xs] if r == 0 else None,
                            [a.copy() for a in ys] if r == stage_rank(n_stages - 1, p) else None,
                            rows, dict(seconds)])
-            names.append([f"{pieces[s][0] + int(n.split('.')[0])}.{n.split('.', 1)[1]}"
-                          for s in mine for n in pieces[s][1].named_grads()])
+            names.append([_whole_name(pieces[s][0], n) for s in mine for n in pieces[s][1].named_grads()])
         where = {"buffered": "", "rendezvous": ", rendezvous mode (a send waits for its "
                                               "receive)"}[mode]
         label = (f"{kind}, p={p} ranks, m={m} microbatches of {rows} rows"
@@ -223,12 +215,12 @@ def cases(rng):
 # ---------------------------------------------------------------------------- the driver
 
 def drive(comm, inp, names, learner):
-    """What every rank runs: its ``Work`` rebuilt, the learner's function, its gradients
+    """What every rank runs: its ``StageWork`` rebuilt, the learner's function, its gradients
     as arrays in ``names`` order (or the words of what was wrong)."""
     learner = callable_learner(learner)
     text, stages, n_stages, inputs, targets, rows, seconds = inp
-    work = Work(parse(text), {s: (first, _build(layers)) for s, first, layers in stages},
-                n_stages, inputs, targets, rows, seconds)
+    work = StageWork(parse(text), {s: (first, _build(layers)) for s, first, layers in stages},
+                     n_stages, inputs, targets, rows, seconds)
     names = names[comm.rank]
     out = learner(comm, work)
     grads = out.grads if not isinstance(out, dict) and isinstance(getattr(out, "grads", None),
@@ -479,18 +471,21 @@ def _diagnose(got, names, per_mb, info):
                 "again on the saved input just before the backward.")
 
 
+ONCE = "each activation and gradient sent once, to its neighbour"
+EXACTLY_ONCE = "each activation and each gradient sent exactly once"
+
+
 def _messages(result, case):
     info = case.info
-    p, n_stages, want = info["p"], info["n_stages"], info["payloads"]
-    keys = list(want)
-    count, sent = dict.fromkeys(keys, 0), {}
+    p, want = info["p"], info["payloads"]
+    count, sent = dict.fromkeys(want, 0), {}
     for e in result.trace:
         pay = result.payload(e) if result.payloads is not None else None
-        match = next((k for k in keys if want[k].shape == pay.shape and _close(pay, want[k])),
+        match = next((k for k in want if want[k].shape == pay.shape and _close(pay, want[k])),
                      None)
         if match is None:
             held = "zeros" if not pay.any() else "values that are"
-            return Failure(case.label, "each activation and gradient sent once, to its neighbour",
+            return Failure(case.label, ONCE,
                            f"rank {e.src} sent rank {e.dst} {held} neither an activation nor a "
                            f"gradient of any microbatch (shape {pay.shape})".replace(
                                "zeros neither", "zeros: neither"),
@@ -501,10 +496,9 @@ def _messages(result, case):
                                 "messages; zeros or stand-ins sent for show, with the data shared "
                                 "some other way, do not pass.")
         what, s, mb = match
-        to = s + 1 if what == "activation" else s
-        frm = s if what == "activation" else s + 1
+        frm, to = _ends(match)
         if e.dst != stage_rank(to, p) or e.src != stage_rank(frm, p):
-            return Failure(case.label, "each activation and gradient sent once, to its neighbour",
+            return Failure(case.label, ONCE,
                            f"rank {e.src} sent the {what} of microbatch {mb} from stage {frm} to "
                            f"rank {e.dst}; stage {to}, which needs it, lives on rank "
                            f"{stage_rank(to, p)}",
@@ -513,21 +507,25 @@ def _messages(result, case):
         sent.setdefault(e.src, []).append((e.step, len(sent.get(e.src, ())), match))
         count[match] += 1
         if count[match] > 1:
-            return Failure(case.label, "each activation and gradient sent once, to its neighbour",
+            return Failure(case.label, ONCE,
                            f"the {what} of microbatch {mb} from stage {frm} to stage {to} was "
-                           f"sent {count[match]} times",
-                           expected="each activation and each gradient sent exactly once",
+                           f"sent {count[match]} times", expected=EXACTLY_ONCE,
                            got=f"rank {e.src} -> rank {e.dst}, again", hint=SEND_HINT)
-    for (what, s, mb), c in count.items():
+    for key, c in count.items():
         if c == 0:
-            frm, to = (s, s + 1) if what == "activation" else (s + 1, s)
-            return Failure(case.label, "each activation and gradient sent once, to its neighbour",
+            (frm, to), (what, _, mb) = _ends(key), key
+            return Failure(case.label, ONCE,
                            f"the {what} of microbatch {mb} from stage {frm} to stage {to} was "
                            f"never sent, yet the gradients are right: the data did not come "
-                           f"through the messages",
-                           expected="each activation and each gradient sent exactly once",
+                           f"through the messages", expected=EXACTLY_ONCE,
                            got="never sent", hint=SEND_HINT)
     return _in_schedule_order(case, sent)
+
+
+def _ends(key):
+    """(from stage, to stage) of the message ``key`` = (what, boundary s, mb)."""
+    what, s, _ = key
+    return (s, s + 1) if what == "activation" else (s + 1, s)
 
 
 def _boundary(action, n_stages):

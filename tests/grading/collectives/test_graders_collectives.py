@@ -9,6 +9,8 @@ from ringlab import collectives as C
 from ringlab.grading import GRADERS
 from ringlab.grading.collectives.fix_ring_allgather import BUGGY_SOURCE, buggy_ring_allgather
 
+from programs.reports import assert_fails
+
 IDS = ["ring_allgather", "ring_reduce_scatter", "tree_broadcast", "binomial_broadcast",
        "alltoall", "ring_alltoall", "fix_ring_allgather"]
 
@@ -19,11 +21,25 @@ def ring(comm):
 
 
 # ============================================================== ring_allgather
-def ag_leftward(comm, x):
-    """Passes blocks to the left, plain send/recv, no labels."""
+def _own_block(comm, x):
+    """(n, r, right, left, blocks): a list of N blocks, this rank's own x in block r."""
     n, r, right, left = ring(comm)
     blocks = [None] * n
     blocks[r] = x
+    return n, r, right, left, blocks
+
+
+def _own_slot(comm, x):
+    """(n, r, right, left, L, out): the result array, this rank's own x in block r."""
+    n, r, right, left = ring(comm)
+    out = np.zeros(n * len(x))
+    out[r * len(x):(r + 1) * len(x)] = x
+    return n, r, right, left, len(x), out
+
+
+def ag_leftward(comm, x):
+    """Passes blocks to the left, plain send/recv, no labels."""
+    n, r, right, left, blocks = _own_block(comm, x)
     for k in range(n - 1):
         comm.send(blocks[(r + k) % n], left)
         blocks[(r + k + 1) % n] = comm.recv(right)
@@ -32,9 +48,7 @@ def ag_leftward(comm, x):
 
 def ag_alternating(comm, x):
     """Even steps to the right, odd steps to the left: still one message per rank per step."""
-    n, r, right, left = ring(comm)
-    blocks = [None] * n
-    blocks[r] = x
+    n, r, right, left, blocks = _own_block(comm, x)
     newest_left = newest_right = r      # the block last received from each side (own at first)
     for k in range(n - 1):
         if k % 2 == 0:                  # pass the newest block from the left on to the right
@@ -47,10 +61,7 @@ def ag_alternating(comm, x):
 
 
 def ag_isend_preallocated(comm, x):
-    n, r, right, left = ring(comm)
-    L = len(x)
-    out = np.zeros(n * L)
-    out[r * L:(r + 1) * L] = x
+    n, r, right, left, L, out = _own_slot(comm, x)
     for k in range(n - 1):
         s, g = (r - k) % n, (r - k - 1) % n
         rq = comm.irecv(left)
@@ -101,9 +112,8 @@ def ag_one_step_too_many(comm, x):
 
 def ag_wrong_slot(comm, x):
     """Forwards correctly, but stores what arrives under the wrong index."""
-    n, r, right, left = ring(comm)
-    blocks = [None] * n
-    blocks[r] = last = x
+    n, r, right, left, blocks = _own_block(comm, x)
+    last = x
     for k in range(n - 1):
         last = comm.sendrecv(last, right, left)
         blocks[(r + k + 1) % n] = last      # it came from the left: rank (r - 1 - k)
@@ -111,18 +121,14 @@ def ag_wrong_slot(comm, x):
 
 
 def ag_returns_list(comm, x):
-    n, r, right, left = ring(comm)
-    blocks = [None] * n
-    blocks[r] = x
+    n, r, right, left, blocks = _own_block(comm, x)
     for k in range(n - 1):
         blocks[(r - k - 1) % n] = comm.sendrecv(blocks[(r - k) % n], right, left)
     return blocks
 
 
 def ag_receives_first(comm, x):
-    n, r, right, left = ring(comm)
-    blocks = [None] * n
-    blocks[r] = x
+    n, r, right, left, blocks = _own_block(comm, x)
     for k in range(n - 1):
         blocks[(r - k - 1) % n] = comm.recv(left)
         comm.send(blocks[(r - k) % n], right)
@@ -130,10 +136,7 @@ def ag_receives_first(comm, x):
 
 
 def ag_one_step_short_preallocated(comm, x):
-    n, r, right, left = ring(comm)
-    L = len(x)
-    out = np.zeros(n * L)
-    out[r * L:(r + 1) * L] = x
+    n, r, right, left, L, out = _own_slot(comm, x)
     for k in range(n - 2):                      # n - 1 steps needed
         s, g = (r - k) % n, (r - k - 1) % n
         out[g * L:(g + 1) * L] = comm.sendrecv(out[s * L:(s + 1) * L], right, left)
@@ -141,9 +144,7 @@ def ag_one_step_short_preallocated(comm, x):
 
 
 def ag_one_step_short_list(comm, x):
-    n, r, right, left = ring(comm)
-    blocks = [None] * n
-    blocks[r] = x
+    n, r, right, left, blocks = _own_block(comm, x)
     for k in range(n - 2):                      # n - 1 steps needed: np.concatenate meets a None
         blocks[(r - k - 1) % n] = comm.sendrecv(blocks[(r - k) % n], right, left)
     return np.concatenate(blocks)
@@ -325,15 +326,22 @@ RS_WRONG = [
 
 
 # ============================================================== tree_broadcast
-def tb_right_first(comm, x, root):
+def _heap(comm, x, root, parent=lambda i: (i - 1) // 2, children=lambda i: (2 * i + 1, 2 * i + 2),
+          bound=True):
+    """Position i = (rank - root) % N receives from parent(i), then sends to children(i)
+    (only those below N if ``bound``)."""
     n = comm.world_size
     i = (comm.rank - root) % n
     if i:
-        x = comm.recv(((i - 1) // 2 + root) % n)
-    for c in (2 * i + 2, 2 * i + 1):
-        if c < n:
+        x = comm.recv((parent(i) + root) % n)
+    for c in children(i):
+        if c < n or not bound:
             comm.send(x, (c + root) % n)
     return x
+
+
+def tb_right_first(comm, x, root):
+    return _heap(comm, x, root, children=lambda i: (2 * i + 2, 2 * i + 1))
 
 
 def tb_isend(comm, x, root):
@@ -404,25 +412,12 @@ def tb_root_returns_nothing(comm, x, root):
 
 def tb_parent_from_one(comm, x, root):
     """The parent i // 2 of a heap numbered from 1: position 2 waits for position 1."""
-    n = comm.world_size
-    i = (comm.rank - root) % n
-    if i:
-        x = comm.recv((i // 2 + root) % n)
-    for c in (2 * i + 1, 2 * i + 2):
-        if c < n:
-            comm.send(x, (c + root) % n)
-    return x
+    return _heap(comm, x, root, parent=lambda i: i // 2)
 
 
 def tb_no_bound(comm, x, root):
     """No `child < n`: child positions past the end wrap around to real ranks."""
-    n = comm.world_size
-    i = (comm.rank - root) % n
-    if i:
-        x = comm.recv(((i - 1) // 2 + root) % n)
-    for c in (2 * i + 1, 2 * i + 2):
-        comm.send(x, (c + root) % n)
-    return x
+    return _heap(comm, x, root, bound=False)
 
 
 TB_RIGHT = [C.tree_broadcast, tb_right_first, tb_isend, tb_children_list]
@@ -447,16 +442,22 @@ TB_WRONG = [
 
 
 # ============================================================== binomial_broadcast
-def bb_lowest_bit(comm, x, root):
-    """MPICH's labelling: the parent clears the lowest set bit; farthest child first."""
+def _from_lowest_bit_parent(comm, x, root):
+    """MPICH's labelling: receive from the parent, position i with its lowest set bit
+    cleared. -> (N, i, that bit (or the first power of two >= N at the root), x)."""
     n = comm.world_size
     i = (comm.rank - root) % n
     mask = 1
     while mask < n:
         if i & mask:
-            x = comm.recv((i - mask + root) % n)
-            break
+            return n, i, mask, comm.recv((i - mask + root) % n)
         mask <<= 1
+    return n, i, mask, x
+
+
+def bb_lowest_bit(comm, x, root):
+    """MPICH's labelling: the parent clears the lowest set bit; farthest child first."""
+    n, i, mask, x = _from_lowest_bit_parent(comm, x, root)
     mask >>= 1
     while mask:
         if i + mask < n:
@@ -479,14 +480,7 @@ def bb_isend_doubling(comm, x, root):
 
 
 def bb_nearest_first(comm, x, root):
-    n = comm.world_size
-    i = (comm.rank - root) % n
-    mask = 1
-    while mask < n:
-        if i & mask:
-            x = comm.recv((i - mask + root) % n)
-            break
-        mask <<= 1
+    n, i, mask, x = _from_lowest_bit_parent(comm, x, root)
     m = 1
     while m < mask:
         if i + m < n:
@@ -533,6 +527,14 @@ BB_WRONG = [
 
 
 # ============================================================== alltoall
+def _own_out(comm, blocks):
+    """(n, r, right, left, out): the list of received blocks, this rank's own in out[r]."""
+    n, r, right, left = ring(comm)
+    out = [None] * n
+    out[r] = blocks[r]
+    return n, r, right, left, out
+
+
 def a2a_sequential(comm, blocks):
     n, r, _, _ = ring(comm)
     for d in range(n):
@@ -542,9 +544,7 @@ def a2a_sequential(comm, blocks):
 
 
 def a2a_shift_sendrecv(comm, blocks):
-    n, r, _, _ = ring(comm)
-    out = [None] * n
-    out[r] = blocks[r]
+    n, r, _, _, out = _own_out(comm, blocks)
     for k in range(1, n):
         out[(r - k) % n] = comm.sendrecv(blocks[(r + k) % n], (r + k) % n, (r - k) % n, chunk=(r, (r + k) % n))
     return out
@@ -601,9 +601,7 @@ def a2a_sends_own_block_along(comm, blocks):
 
 
 def a2a_wrong_slot(comm, blocks):
-    n, r, _, _ = ring(comm)
-    out = [None] * n
-    out[r] = blocks[r]
+    n, r, _, _, out = _own_out(comm, blocks)
     for k in range(1, n):
         out[(r + k) % n] = comm.sendrecv(blocks[(r + k) % n], (r + k) % n, (r - k) % n)
     return out
@@ -630,9 +628,7 @@ def a2a_forgets_own_block(comm, blocks):
 
 
 def a2a_xor_for_any_n(comm, blocks):
-    n, r, _, _ = ring(comm)
-    out = [None] * n
-    out[r] = blocks[r]
+    n, r, _, _, out = _own_out(comm, blocks)
     for k in range(1, n):
         partner = r ^ k                         # a pairing only when n is a power of two
         out[partner] = comm.sendrecv(blocks[partner], partner, partner)
@@ -663,23 +659,38 @@ A2A_WRONG = [
 
 
 # ============================================================== ring_alltoall
-def r2a_leftward(comm, blocks):
+def _nearest_right(r, n):
+    return [(r + d) % n for d in range(1, n)]
+
+
+def _nearest_left(r, n):
+    return [(r - d) % n for d in range(1, n)]
+
+
+def _r2a(comm, blocks, queue=_nearest_right, keep=0, forward=lambda rest, kept: rest, leftward=False):
+    """A ring AlltoAll, or a mistake in one: the blocks queued in ``queue(r, n)`` order
+    travel right (left if ``leftward``), stacked; the receiver keeps ``got.pop(keep)`` and
+    passes on ``forward(the rest, the kept one)``."""
     n, r, right, left = ring(comm)
+    to, frm, side = (left, right, 1) if leftward else (right, left, -1)
     out = [None] * n
     out[r] = blocks[r]
-    travelling = [blocks[(r - d) % n] for d in range(1, n)]
+    travelling = [blocks[c] for c in queue(r, n)]
     for k in range(n - 1):
-        got = comm.sendrecv(np.stack(travelling), left, right)
-        out[(r + k + 1) % n] = got[0]
-        travelling = list(got[1:])
+        got = list(comm.sendrecv(np.stack(travelling), to, frm))
+        kept = got.pop(keep)
+        out[(r + side * (k + 1)) % n] = kept
+        travelling = forward(got, kept)
     return out
+
+
+def r2a_leftward(comm, blocks):
+    return _r2a(comm, blocks, _nearest_left, leftward=True)
 
 
 def r2a_shortest_way(comm, blocks):
     """Each block goes the shorter way round: right for distances up to N/2, left for the rest."""
-    n, r, right, left = ring(comm)
-    out = [None] * n
-    out[r] = blocks[r]
+    n, r, right, left, out = _own_out(comm, blocks)
     far_right = n // 2
     go_right = [blocks[(r + d) % n] for d in range(1, far_right + 1)]
     go_left = [blocks[(r - d) % n] for d in range(1, n - far_right)]
@@ -700,10 +711,8 @@ def r2a_shortest_way(comm, blocks):
 
 
 def r2a_isend_concat(comm, blocks):
-    n, r, right, left = ring(comm)
-    out = [None] * n
-    out[r] = blocks[r]
-    travelling = [blocks[(r + d) % n] for d in range(1, n)]
+    n, r, right, left, out = _own_out(comm, blocks)
+    travelling = [blocks[c] for c in _nearest_right(r, n)]
     for k in range(n - 1):
         rq = comm.irecv(left)
         sq = comm.isend(np.concatenate(travelling), right)
@@ -716,9 +725,7 @@ def r2a_isend_concat(comm, blocks):
 
 def r2a_no_forwarding(comm, blocks):
     """The published version: sends its blocks to the right, keeps one, forwards nothing."""
-    n, r, right, left = ring(comm)
-    out = [None] * n
-    out[r] = blocks[r]
+    n, r, right, left, out = _own_out(comm, blocks)
     for k in range(n - 1):
         got = comm.sendrecv(np.stack([blocks[(r + d) % n] for d in range(1, n)]), right, left)
         out[left] = got[0]
@@ -726,22 +733,13 @@ def r2a_no_forwarding(comm, blocks):
 
 
 def r2a_forwards_everything(comm, blocks):
-    n, r, right, left = ring(comm)
-    out = [None] * n
-    out[r] = blocks[r]
-    travelling = [blocks[(r + d) % n] for d in range(1, n)] + [blocks[r]]
-    for k in range(n - 1):
-        got = comm.sendrecv(np.stack(travelling), right, left)
-        out[(r - k - 1) % n] = got[0]
-        travelling = list(got[1:]) + [got[0]]
-    return out
+    return _r2a(comm, blocks, lambda r, n: _nearest_right(r, n) + [r],
+                forward=lambda rest, kept: rest + [kept])
 
 
 def r2a_one_message_per_block(comm, blocks):
-    n, r, right, left = ring(comm)
-    out = [None] * n
-    out[r] = blocks[r]
-    travelling = [blocks[(r + d) % n] for d in range(1, n)]
+    n, r, right, left, out = _own_out(comm, blocks)
+    travelling = [blocks[c] for c in _nearest_right(r, n)]
     for k in range(n - 1):
         got = [comm.sendrecv(b, right, left) for b in travelling]
         out[(r - k - 1) % n] = got[0]
@@ -757,43 +755,20 @@ def r2a_sends_twice(comm, blocks):
     return out
 
 
-def _r2a_queue(comm, blocks, queue, keep):
-    """Blocks queued in ``queue(r, n)`` order; the receiver keeps ``keep(got)``, forwards the rest."""
-    n, r, right, left = ring(comm)
-    out = [None] * n
-    out[r] = blocks[r]
-    travelling = [blocks[c] for c in queue(r, n)]
-    for k in range(n - 1):
-        got = list(comm.sendrecv(np.stack(travelling), right, left))
-        out[(r - k - 1) % n] = got.pop(keep)
-        travelling = got
-    return out
-
-
 def r2a_forwards_the_kept_block(comm, blocks):
-    n, r, right, left = ring(comm)
-    out = [None] * n
-    out[r] = blocks[r]
-    travelling = [blocks[(r + d) % n] for d in range(1, n)]
-    for k in range(n - 1):
-        got = comm.sendrecv(np.stack(travelling), right, left)
-        out[(r - k - 1) % n] = got[0]
-        travelling = list(got)                  # should be got[1:]
-    return out
+    return _r2a(comm, blocks, forward=lambda rest, kept: [kept] + rest)      # should be rest
 
 
 def r2a_keeps_the_last(comm, blocks):
-    return _r2a_queue(comm, blocks, lambda r, n: [(r + d) % n for d in range(1, n)], -1)
+    return _r2a(comm, blocks, keep=-1)
 
 
 def r2a_farthest_first(comm, blocks):
-    return _r2a_queue(comm, blocks, lambda r, n: [(r - d) % n for d in range(1, n)], 0)
+    return _r2a(comm, blocks, _nearest_left)
 
 
 def r2a_pairwise_indices(comm, blocks):
-    n, r, right, left = ring(comm)
-    out = [None] * n
-    out[r] = blocks[r]
+    n, r, right, left, out = _own_out(comm, blocks)
     for k in range(1, n):
         out[(r - k) % n] = comm.sendrecv(blocks[(r + k) % n], right, left)
     return out
@@ -846,13 +821,8 @@ def test_correct_variants_pass(exercise, program):
 @pytest.mark.parametrize("exercise, program, check, phrases", WRONG,
                          ids=[f"{w[0]}-{w[1].__name__}" for w in WRONG])
 def test_each_mistake_fails_with_a_specific_message(exercise, program, check, phrases):
-    report = ringlab.grade(exercise, program, seed=0)
-    text = str(report)
-    assert not report.passed and not report.not_implemented, text
-    assert check in report.failure.check, text
-    for phrase in phrases:
-        assert phrase in text, f"{phrase!r} missing from:\n{text}"
-    assert f'Reproduce: ringlab.grade("{exercise}", program, seed=0)' in text
+    assert_fails(ringlab.grade(exercise, program, seed=0), check,
+                 [*phrases, f'Reproduce: ringlab.grade("{exercise}", program, seed=0)'], exact=False)
 
 
 def test_enough_variants_for_every_exercise():

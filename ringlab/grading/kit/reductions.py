@@ -1,0 +1,77 @@
+"""What the graders of reductions share (``ring_allreduce``, ``ring_reduce_scatter``,
+``hierarchical_allreduce``): the ring graders' cases, ``np.array_split``'s chunks of a
+vector, and the reports of a wrong sum: the numbers, and "every message was right"."""
+
+import numpy as np
+
+from . import contributions as contrib, sums
+from .frames import changed_in_place
+from .report import Case, Failure, numbers
+
+
+def ring_cases(rng):
+    """The worlds and vectors of ring AllReduce and ReduceScatter. N=4 first: small
+    enough to read, big enough that neighbours, phases and wrong slots are
+    distinguishable. The edge cases N=2 and N=1 come last."""
+    for n in (4, 3, 5, 6, 7, 8, 2, 1):
+        lengths = [3 * n, 3 * n + 1] if n > 1 else [5]
+        if n in (3, 5):
+            lengths.append(n - 1)     # shorter than the world: some chunks are empty
+        if n == 4:
+            lengths.append(0)
+        for length in lengths:
+            # Random floats: every partial sum tells whose contributions it holds (sums.py).
+            inputs = sums.random_vectors(rng, n, length)
+            yield Case(n, inputs, f"world_size={n}, length={length}")
+
+
+def chunk_sizes(length, n):
+    """The lengths of the N chunks np.array_split cuts a vector of ``length`` into."""
+    return [len(c) for c in np.array_split(np.zeros(length), n)]
+
+
+def chunk_slices(length, n):
+    """The slices of the N chunks np.array_split cuts a vector of ``length`` into."""
+    bounds = np.cumsum([0] + chunk_sizes(length, n))
+    return [slice(int(bounds[c]), int(bounds[c + 1])) for c in range(n)]
+
+
+def decoded_messages(res, n):
+    """[(event, its payload decoded by the contribution probe)] of the messages of a
+    probe run that carry something, in trace order."""
+    return [(e, contrib.decode(res.payload(e), n)) for e in res.trace if res.payload(e).size]
+
+
+def wrong_values(case, rank, out, ok, want, check):
+    """The Failure for a result with wrong elements (``ok``: which are right),
+    showing numbers."""
+    bad = np.flatnonzero(~ok)
+    where = f"elements {bad[0]}..{bad[-1]}" if len(bad) > 1 else f"element {bad[0]}"
+    return Failure(case.label, check,
+                   f"rank {rank} has wrong values at {len(bad)} of {len(out)} elements ({where})",
+                   expected=numbers(want[bad]), got=numbers(out[bad]))
+
+
+RETURN = ("Return the array your chunks are in after the last step (if chunks are views of one "
+          "array, that array; if they are separate arrays, np.concatenate(chunks)).")
+
+
+def right_messages_wrong_result(fail, result, returns=RETURN, shown=None):
+    """Every message was right, so only what a rank returned is wrong: say so,
+    with the numbers ``shown`` = (expected, got), and name an array a receiver
+    changed in place (its sum went there). ``returns``: the hint that says what
+    to return."""
+    fail.what += ("\nEvery message was right: the ranks computed the sum, but what this rank "
+                  "returned is not it.")
+    if shown and shown != (fail.expected, fail.got):
+        fail.what += f"\nIt returned {shown[1]} where the sum is {shown[0]}."
+    fail.hint = returns
+    changed = changed_in_place(result, getattr(result, "handed", []))
+    if changed:
+        e = changed[0]
+        fail.what += (f"\nRank {e.dst} changed the array it received from rank {e.src} at step {e.step} "
+                      f"in place (got += ...): the sum went into that array, not into its result.")
+        fail.hint = ("Add what you receive into your own chunk (chunk += got), or store the sum back "
+                     "(chunk[...] = got + chunk): adding into the received array leaves your result "
+                     "without it. " + fail.hint)
+    return fail
