@@ -169,11 +169,13 @@ def index_functions():
 
 def _functions(codes):
     """The function objects that may hold one of ``codes``: from the zygote's index
-    if this process was forked from it (nothing has made a function since but our
-    own start-up) and every answer's module was loaded there; else every function
-    of the process."""
+    if this is a rank process (``rank_main`` has set ``CONN``) forked from the
+    process that built the index (nothing has made a function since but our own
+    start-up) and every answer's module was loaded there; else every function of
+    the process."""
     zygote, index = _INDEX
-    if zygote == os.getppid() and all(key in index for key in codes):
+    if (CONN[0] is not None and zygote == os.getppid()
+            and all(key in index for key in codes)):
         return [fn for key in codes for fn in index[key]]
     gc.unfreeze()        # gc.get_objects() leaves out frozen objects (the zygote freezes its own)
     return [obj for obj in gc.get_objects() if type(obj) is types.FunctionType]
