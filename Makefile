@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: book book-shape shape test tests-and-notebooks unit notebooks lab grade bench clean
+.PHONY: book book-shape book-then-shape shape test tests-and-notebooks unit notebooks lab grade bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -46,9 +46,12 @@ shape:
 		tests/book/test_book_shape.py tests/show/test_browser.py::test_player_runs_in_the_built_book
 
 # The tests, then the notebooks, while the book builds beside them (it keeps a core
-# busy while the tests wait); then the checks on the built book.
+# busy while the tests wait), followed there by the checks on the built book.
 test: $(STAMP)
-	$(MAKE) --no-print-directory -j2 --output-sync=target tests-and-notebooks book
+	$(MAKE) --no-print-directory -j2 --output-sync=target tests-and-notebooks book-then-shape
+
+book-then-shape: $(STAMP)
+	$(MAKE) --no-print-directory book
 	$(MAKE) --no-print-directory shape
 
 tests-and-notebooks: $(STAMP)
