@@ -68,6 +68,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/nn_vs_torch.py
 	$(BIN)/python bench/torch_allreduce.py
 	$(BIN)/python bench/grade_data_parallel.py
+	$(BIN)/python bench/isolated_start.py
 
 clean:
 	rm -rf _build
