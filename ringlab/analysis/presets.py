@@ -19,6 +19,11 @@ from typing import NamedTuple
 
 from .config import Hardware, Layout, Model
 
+# The Llama family's architecture (Touvron et al. 2023; Dubey et al. 2024): SwiGLU MLP,
+# RMSNorm and no biases, rotary positions, an untied output head, no dropout.
+LLAMA = dict(gated=True, bias=False, learned_positions=False, tied_embeddings=False,
+             dropout=False, rotary=True)
+
 MODELS = {
     # Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1: 96 layers,
     # d_model 12288, 96 heads of 128, context 2048; GPT-2's BPE vocabulary of 50257.
@@ -28,29 +33,24 @@ MODELS = {
     # SwiGLU MLP, RMSNorm (no biases), rotary positions, untied output head, no dropout,
     # vocabulary 32000, context 4096; 70B uses grouped-query attention with 8 kv heads.
     "llama2-7b": Model("llama2-7b", layers=32, hidden=4096, heads=32, seq_len=4096,
-                       vocab=32000, ffn=11008, gated=True, bias=False,
-                       learned_positions=False, tied_embeddings=False, dropout=False,
-                       rotary=True, source="Touvron et al. 2023; meta-llama/Llama-2-7b config"),
+                       vocab=32000, ffn=11008, **LLAMA,
+                       source="Touvron et al. 2023; meta-llama/Llama-2-7b config"),
     "llama2-70b": Model("llama2-70b", layers=80, hidden=8192, heads=64, kv_heads=8,
-                        seq_len=4096, vocab=32000, ffn=28672, gated=True, bias=False,
-                        learned_positions=False, tied_embeddings=False, dropout=False,
-                        rotary=True, source="Touvron et al. 2023; meta-llama/Llama-2-70b config"),
+                        seq_len=4096, vocab=32000, ffn=28672, **LLAMA,
+                        source="Touvron et al. 2023; meta-llama/Llama-2-70b config"),
     # Llama 3 (Dubey et al. 2024, "The Llama 3 Herd of Models"), Table 3, p. 7: 8B, 70B,
     # 405B with 32/80/126 layers, model dimension 4096/8192/16384, FFN 14336/28672/53248,
     # 32/64/128 heads, 8 key/value heads, SwiGLU, vocabulary 128,000, RoPE; context 8192
     # (Table 4, p. 10). Like Llama 2: RMSNorm, no biases, no dropout, untied head.
     "llama3-8b": Model("llama3-8b", layers=32, hidden=4096, heads=32, kv_heads=8,
-                       seq_len=8192, vocab=128000, ffn=14336, gated=True, bias=False,
-                       learned_positions=False, tied_embeddings=False, dropout=False,
-                       rotary=True, source="Dubey et al. 2024, Table 3"),
+                       seq_len=8192, vocab=128000, ffn=14336, **LLAMA,
+                       source="Dubey et al. 2024, Table 3"),
     "llama3-70b": Model("llama3-70b", layers=80, hidden=8192, heads=64, kv_heads=8,
-                        seq_len=8192, vocab=128000, ffn=28672, gated=True, bias=False,
-                        learned_positions=False, tied_embeddings=False, dropout=False,
-                        rotary=True, source="Dubey et al. 2024, Table 3"),
+                        seq_len=8192, vocab=128000, ffn=28672, **LLAMA,
+                        source="Dubey et al. 2024, Table 3"),
     "llama3-405b": Model("llama3-405b", layers=126, hidden=16384, heads=128, kv_heads=8,
-                         seq_len=8192, vocab=128000, ffn=53248, gated=True, bias=False,
-                         learned_positions=False, tied_embeddings=False, dropout=False,
-                         rotary=True, source="Dubey et al. 2024, Table 3"),
+                         seq_len=8192, vocab=128000, ffn=53248, **LLAMA,
+                         source="Dubey et al. 2024, Table 3"),
 }
 
 # The hardware presets. Links and peaks are datasheet numbers; what cannot be derived

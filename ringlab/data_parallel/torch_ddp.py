@@ -18,6 +18,7 @@ those threads held, and a child can wait on one forever. It happened here: a
 forked DDP run hung CI for an hour. ``timeout`` bounds every run anyway.
 """
 
+import contextlib
 import os
 import tempfile
 import time
@@ -27,17 +28,19 @@ import numpy as np
 from ..nn import mlp_model
 
 
-def torch_twin(sizes, seed):
-    """``mlp_model(sizes, default_rng(seed))`` as a float32 ``torch.nn.Sequential``:
-    Linear, GELU(tanh), ..., Linear. torch stores a Linear's weight as (out, in):
-    the transpose of ringlab's (in, out)."""
+def torch_twin(sizes, seed, dtype="float32"):
+    """``mlp_model(sizes, default_rng(seed))`` as a ``torch.nn.Sequential`` of
+    ``dtype`` (float32, as DDP trains; "float64" to compare exactly): Linear,
+    GELU(tanh), ..., Linear. torch stores a Linear's weight as (out, in): the
+    transpose of ringlab's (in, out)."""
     import torch
 
     ours = mlp_model(sizes, np.random.default_rng(seed))
     layers = []
     for i, layer in enumerate(ours.layers):
         if "weight" in layer.params:
-            lin = torch.nn.Linear(layer.in_features, layer.out_features)
+            lin = torch.nn.Linear(layer.in_features, layer.out_features,
+                                  dtype=getattr(torch, dtype))
             with torch.no_grad():
                 lin.weight.copy_(torch.from_numpy(layer.params["weight"].T.copy()))
                 lin.bias.copy_(torch.from_numpy(layer.params["bias"]))
@@ -57,17 +60,40 @@ def flat_params(model):
     return np.concatenate(out)
 
 
-def _worker(rank, world_size, init_file, batches, sizes, seed, lr, out_file):
+@contextlib.contextmanager
+def gloo_group(rank, world_size, init_file):
+    """This process is ``rank`` of a gloo process group of ``world_size`` for the
+    ``with`` block (rendezvous through ``init_file``), and leaves the group after
+    it, also on an error. One torch thread each: the processes share the CPUs."""
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world_size)
     try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def sgd(params, lr):
+    """The optimizer of ``train_ddp``: ``torch.optim.SGD``."""
+    import torch
+
+    return torch.optim.SGD(params, lr=lr)
+
+
+def ddp_worker(rank, world_size, init_file, optimizer, batches, sizes, seed, lr, out_file):
+    """One process of a DDP run: the torch twin wrapped in DDP, trained with
+    ``optimizer(params, lr)`` on this rank's shard of every batch; rank 0 saves
+    its final parameters to ``out_file``."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    with gloo_group(rank, world_size, init_file):
         model = DDP(torch_twin(sizes, seed))
-        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        opt = optimizer(model.parameters(), lr)
         for x, y in batches:
             xs = torch.from_numpy(np.array_split(x, world_size)[rank]).float()
             ys = torch.from_numpy(np.array_split(y, world_size)[rank]).float()
@@ -76,15 +102,13 @@ def _worker(rank, world_size, init_file, batches, sizes, seed, lr, out_file):
             opt.step()
         if rank == 0:
             np.save(out_file, flat_params(model.module))
-    finally:
-        dist.destroy_process_group()
 
 
 def train_ddp(world_size, batches, *, sizes, seed, lr, start_method="spawn", timeout=120.0):
     """Train with DDP on ``world_size`` gloo processes; rank 0's final parameters.
     Raises ``TimeoutError`` (after stopping the processes) if they have not all
     finished within ``timeout`` seconds."""
-    return run_gloo_workers(_worker, world_size, (batches, sizes, seed, lr),
+    return run_gloo_workers(ddp_worker, world_size, (sgd, batches, sizes, seed, lr),
                             what="DDP", timeout=timeout, start_method=start_method)
 
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..collectives import ring_allgather, ring_reduce_scatter
 from .blockwise import block_attention, block_attention_backward
-from .layout import positions
+from .layout import gathered_positions, positions
 
 
 class AllGatherAttention:
@@ -41,10 +41,6 @@ class AllGatherAttention:
 
     def __init__(self, comm, causal=True, layout="contiguous"):
         self.comm, self.causal, self.layout = comm, causal, layout
-
-    def _all_positions(self, n):
-        c = self.comm.world_size
-        return np.concatenate([positions(self.layout, r, c, n) for r in range(c)])
 
     def forward(self, q, k, v):
         comm, c = self.comm, self.comm.world_size
@@ -55,7 +51,7 @@ class AllGatherAttention:
             # (c, 2, b, G, n, d) -> K and V of the whole sequence, rank by rank.
             k_all, v_all = np.concatenate(list(every), axis=-2)
             out, lse = block_attention(q, k_all, v_all, positions(self.layout, comm.rank, c, n),
-                                       self._all_positions(n), self.causal)
+                                       gathered_positions(self.layout, c, n), self.causal)
         self.saved = q, k_all, v_all, out, lse
         return out
 
@@ -65,8 +61,9 @@ class AllGatherAttention:
         n = q.shape[2]
         with comm.span("allgather_attention.backward"):
             dq, dk_all, dv_all = block_attention_backward(
-                q, k_all, v_all, positions(self.layout, comm.rank, c, n), self._all_positions(n),
-                self.causal, lse, (dout * out).sum(axis=-1), dout)
+                q, k_all, v_all, positions(self.layout, comm.rank, c, n),
+                gathered_positions(self.layout, c, n), self.causal, lse,
+                (dout * out).sum(axis=-1), dout)
             # Rank by rank, each rank's (dK, dV): chunk r of the ReduceScatter is rank r's.
             split = lambda d: np.stack(np.split(d, c, axis=-2))   # noqa: E731  (c, b, G, n, d)
             grads = np.stack([split(dk_all), split(dv_all)], axis=1)   # (c, 2, b, G, n, d)

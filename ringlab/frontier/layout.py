@@ -44,6 +44,16 @@ def positions(layout, rank, c, n):
     raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
 
 
+def gathered_positions(layout, c, n):
+    """The positions of every rank's n tokens, rank after rank: what a block
+    gathered from all c ranks (in rank order) holds.
+
+    >>> gathered_positions("zigzag", c=2, n=2).tolist()
+    [0, 3, 1, 2]
+    """
+    return np.concatenate([positions(layout, r, c, n) for r in range(c)])
+
+
 def shard(x, rank, c, layout, axis=0):
     """``rank``'s tokens of ``x`` (the whole sequence along ``axis``)."""
     s = x.shape[axis]

@@ -24,38 +24,20 @@ has the ReduceScatter FSDP2 needs); needs torch, importing this module does not.
 
 import numpy as np
 
-from ..data_parallel.torch_ddp import run_gloo_workers
-from ..nn import mlp_model
+from ..data_parallel.torch_ddp import gloo_group, run_gloo_workers, torch_twin
 
 
 def torch_twin64(sizes, seed):
-    """``mlp_model(sizes, default_rng(seed))`` as a float64 ``torch.nn.Sequential``
-    (weights transposed to torch's (out, in))."""
-    import torch
-
-    layers = []
-    for layer in mlp_model(sizes, np.random.default_rng(seed)).layers:
-        if "weight" in layer.params:
-            lin = torch.nn.Linear(layer.in_features, layer.out_features, dtype=torch.float64)
-            with torch.no_grad():
-                lin.weight.copy_(torch.from_numpy(layer.params["weight"].T.copy()))
-                lin.bias.copy_(torch.from_numpy(layer.params["bias"]))
-            layers.append(lin)
-        else:
-            layers.append(torch.nn.GELU(approximate="tanh"))
-    return torch.nn.Sequential(*layers)
+    """``torch_ddp.torch_twin`` in float64 (weights transposed to torch's (out, in))."""
+    return torch_twin(sizes, seed, dtype="float64")
 
 
 def _worker(rank, world_size, init_file, shape, batches, sizes, seed, lr, out_file):
     import torch
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world_size)
-    try:
+    with gloo_group(rank, world_size, init_file):
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
         model = torch_twin64(sizes, seed)
         for layer in model:
@@ -76,8 +58,6 @@ def _worker(rank, world_size, init_file, shape, batches, sizes, seed, lr, out_fi
                          layer.bias.full_tensor().detach().numpy()]
         if rank == 0:
             np.save(out_file, np.concatenate(full))
-    finally:
-        dist.destroy_process_group()
 
 
 def train_fsdp2(shape, batches, *, sizes, seed, lr, timeout=120.0):

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..collectives import alltoall
 from .blockwise import block_attention, block_attention_backward
-from .layout import positions
+from .layout import gathered_positions
 
 HEADS, SEQ = 1, 2          # axes of (b, heads, tokens, d)
 
@@ -62,15 +62,11 @@ class UlyssesAttention:
     def __init__(self, comm, causal=True, layout="contiguous"):
         self.comm, self.causal, self.layout = comm, causal, layout
 
-    def _all_positions(self, n):
-        c = self.comm.world_size
-        return np.concatenate([positions(self.layout, r, c, n) for r in range(c)])
-
     def forward(self, q, k, v):
         comm = self.comm
         with comm.span("ulysses.forward"):
             qh, kh, vh = (seq_to_heads(comm, a) for a in (q, k, v))
-            pos = self._all_positions(q.shape[SEQ])
+            pos = gathered_positions(self.layout, comm.world_size, q.shape[SEQ])
             out, lse = block_attention(qh, kh, vh, pos, pos, self.causal)
             self.saved = qh, kh, vh, out, lse, pos
             return heads_to_seq(comm, out)

@@ -16,39 +16,21 @@ divisible by ``world_size``. Started with "spawn" and bounded by ``timeout``,
 as ``torch_ddp.train_ddp`` is (its docstring says why not "fork").
 """
 
-import numpy as np
-
-from ..data_parallel.torch_ddp import flat_params, run_gloo_workers, torch_twin
+from ..data_parallel.torch_ddp import ddp_worker, run_gloo_workers
 
 
-def _worker(rank, world_size, init_file, batches, sizes, seed, lr, out_file):
+def zero_adam(params, lr):
+    """``ZeroRedundancyOptimizer`` around Adam: each rank runs Adam on its
+    partition of the parameters, then the partitions are broadcast."""
     import torch
-    import torch.distributed as dist
     from torch.distributed.optim import ZeroRedundancyOptimizer
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world_size)
-    try:
-        model = DDP(torch_twin(sizes, seed))
-        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
-                                      lr=lr)
-        for x, y in batches:
-            xs = torch.from_numpy(np.array_split(x, world_size)[rank]).float()
-            ys = torch.from_numpy(np.array_split(y, world_size)[rank]).float()
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(xs), ys).backward()   # DDP all-reduces here
-            opt.step()              # Adam on my partition, then the partitions are broadcast
-        if rank == 0:
-            np.save(out_file, flat_params(model.module))
-    finally:
-        dist.destroy_process_group()
+    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam, lr=lr)
 
 
 def train_zero(world_size, batches, *, sizes, seed, lr, timeout=120.0):
     """Train with DDP + ZeroRedundancyOptimizer(Adam) on ``world_size`` gloo
     processes; rank 0's final parameters. Raises ``TimeoutError`` (after
     stopping the processes) if they have not all finished within ``timeout`` s."""
-    return run_gloo_workers(_worker, world_size, (batches, sizes, seed, lr),
+    return run_gloo_workers(ddp_worker, world_size, (zero_adam, batches, sizes, seed, lr),
                             what="ZeroRedundancyOptimizer", timeout=timeout)
