@@ -673,7 +673,7 @@ def test_prints_of_finished_ranks_are_shown_when_the_run_fails(capsys):
 
 
 def test_payloads_are_recorded_on_real_processes_and_graders_check_them():
-    from test_grader_cheats import a2a_hides_a_block, ar_negated
+    from grading.test_grader_cheats import a2a_hides_a_block, ar_negated
     inputs = [np.arange(4.0) + 10 * r for r in range(2)]
     real = ringlab.run(ringlab.collectives.ring_allreduce, inputs, backend="torch",
                        record_payloads=True)
