@@ -77,7 +77,7 @@ def _check(program, case, result, failure):
         if not sums.holds(out, case.inputs, everyone):
             return _wrong_sum(program, case, r, out, result)
     return (check_ring_trace(result.trace, case, length)
-            or (length >= n and checks.ring_partial_sums(result, case, length, "ring AllReduce")) or None)
+            or (length >= n and reductions.ring_partial_sums(result, case, length, "ring AllReduce")) or None)
 
 
 def check_ring_trace(trace, case, length):
@@ -114,7 +114,7 @@ def _wrong_sum(program, case, rank, out, result):
     shown = fail.expected, fail.got
     # Only the simulator records payloads: without them nothing says the messages were right.
     right = (length >= n and result.payloads is not None and not check_ring_trace(trace, case, length)
-             and not checks.ring_partial_sums(result, case, length, "ring AllReduce"))
+             and not reductions.ring_partial_sums(result, case, length, "ring AllReduce"))
     res = contrib.probe_run(program, n, length)
     # 1. what the output holds, element by element
     first = _first_wrong_element(res, n) if res is not None else None

@@ -28,7 +28,7 @@ when L >= N (shorter vectors have empty chunks, which a program may skip).
 
 import numpy as np
 
-from ..kit import checks, contributions as contrib, sums
+from ..kit import checks, contributions as contrib, reductions, sums
 from ..kit.reductions import (chunk_sizes, chunk_slices, decoded_messages, right_messages_wrong_result,
                               wrong_values)
 from ..kit.reductions import ring_cases
@@ -81,7 +81,7 @@ def _check_trace(result, case, length):
                 trace, case, (n - 1) * length * 8,
                 expected=f"(N-1) * L * 8 = {(n - 1) * length * 8} bytes (every chunk crosses N-1 links)",
                 hint="Send each chunk exactly as np.array_split makes it.")
-            or checks.ring_partial_sums(result, case, length, "ring ReduceScatter"))
+            or reductions.ring_partial_sums(result, case, length, "ring ReduceScatter"))
 
 
 def _check_shape(case, r, out, want, length):

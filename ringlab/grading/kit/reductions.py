@@ -5,6 +5,7 @@ vector, and the reports of a wrong sum: the numbers, and "every message was righ
 import numpy as np
 
 from . import contributions as contrib, sums
+from .checks import _ranks
 from .frames import changed_in_place
 from .report import Case, Failure, numbers
 
@@ -75,3 +76,45 @@ def right_messages_wrong_result(fail, result, returns=RETURN, shown=None):
                      "(chunk[...] = got + chunk): adding into the received array leaves your result "
                      "without it. " + fail.hint)
     return fail
+
+
+def ring_partial_sums(result, case, length, name):
+    """Every message of a ring reduction carries one chunk of np.array_split(x, N),
+    summed over exactly the contributions the ring has collected by its step:
+    at step s <= N-1 the sender's and those of the s-1 ranks before it on the
+    ring (the side the message comes from), at a later step (AllReduce's
+    all-gather) all N. Read from the recorded payloads, on random float data,
+    so nothing but the real partial sums can pass (see ``sums.py``). ``name``:
+    "ring AllReduce" or "ring ReduceScatter"."""
+    if result.payloads is None:
+        return None
+    n, inputs = case.world_size, case.inputs
+    chunks = chunk_slices(length, n)
+    for e in result.trace:
+        p = result.payload(e)
+        if e.step < n:
+            side = 1 if e.dst == (e.src + 1) % n else -1
+            members = [(e.src - j * side) % n for j in range(e.step)]
+            want = (f"at step {e.step} a {name} message holds {e.step} contribution(s): rank {e.src}'s own "
+                    + (f"and those of the {e.step - 1} rank(s) before it on the ring, "
+                       f"{_ranks([m for m in members[1:]])}" if e.step > 1 else "only"))
+        else:
+            members = list(range(n))
+            want = f"at step {e.step} (all-gather) a {name} message holds a complete chunk: all {n} contributions"
+        if any(sums.holds(p, inputs, members, ch) for ch in chunks):
+            continue
+        if not isinstance(p, np.ndarray) or p.dtype != np.float64 or p.ndim != 1:
+            held = f"an array of shape {p.shape} and dtype {p.dtype}"
+        else:
+            found = [(c, sums.which(p, inputs, ch)) for c, ch in enumerate(chunks) if ch.stop - ch.start == p.size]
+            found = [(c, m) for c, m in found if m is not None]
+            held = (f"chunk {found[0][0]} with the contributions of {_ranks(found[0][1])}" if found else
+                    f"{p.size} values that are not a sum of the ranks' parts of any one chunk")
+        return Failure(case.label, "every message carries the right partial sum",
+                       f"at step {e.step} rank {e.src} sent rank {e.dst} {held}",
+                       expected=f"one chunk of np.array_split(x, {n}), summed over exactly the right ranks: {want}",
+                       got=f"{held}: {numbers(p)}",
+                       hint="Send your chunk as it is after adding what you received: the real partial sum, "
+                            "unchanged, as float64. The grader reads every message; data packed, transformed "
+                            "or left out on the way do not pass.")
+    return None
