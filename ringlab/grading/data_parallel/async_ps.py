@@ -82,17 +82,37 @@ def cases(rng):
                    info={"task": task, "s": s})
 
 
+class _Run:
+    """One case's run and what the checks have read from it so far."""
+
+    def __init__(self, case, res):
+        self.case, self.res = case, res
+        self.task, self.s, self.label = case.info["task"], case.info["s"], case.label
+        self.n_params, self.T = self.task.init.size, self.task.updates
+        self.workers = range(1, case.world_size)
+
+    def fail(self, check, what, **kw):
+        return Failure(self.label, check, what, **kw)
+
+
 def check(program, case, backend="sim"):
-    task, s, label = case.info["task"], case.info["s"], case.label
-    n_params, T = task.init.size, task.updates
     # Payloads and simulated time are the simulator's: this grader runs there.
     res, failure = run_case(program, case, "sim", record_payloads=True, network=NETWORK)
     if failure:
         return failure
-    fail = lambda check, what, **kw: Failure(label, check, what, **kw)  # noqa: E731
-    workers = range(1, case.world_size)
+    run = _Run(case, res)
+    # Each step returns a Failure or None; later steps read what earlier ones found.
+    for step in (_returns, _messages, _protocol, _gradients, _count, _log_order, _replay,
+                 _log_versions, _final, _staleness, _no_idling, _throughput):
+        failure = step(run)
+        if failure:
+            return failure
+    return None
 
-    # 2. what the ranks return
+
+def _returns(r):
+    """2. The server returns (params, log)."""
+    res, n_params, fail, case = r.res, r.n_params, r.fail, r.case
     out = res.outputs[0]
     if not (isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[0], np.ndarray)
             and out[0].shape == (n_params,)):
@@ -115,8 +135,12 @@ def check(program, case, backend="sim"):
                     hint="Collect (worker, version_read) pairs in a list, and return "
                          "np.array(log).")
     log = [(int(w), int(v)) for w, v in rows]
+    r.params, r.log = params, log
 
-    # 3. who sends what
+
+def _messages(r):
+    """3. Who sends what: the server parameters or STOP, a worker gradients."""
+    res, n_params, fail = r.res, r.n_params, r.fail
     down, up = defaultdict(list), defaultdict(list)     # per worker, in step order
     for e in res.trace:
         if 0 not in (e.src, e.dst):
@@ -136,8 +160,12 @@ def check(program, case, backend="sim"):
                             f"at step {e.step} worker {e.src} sent shape {x.shape}",
                             expected=f"a gradient of shape ({n_params},)")
             up[e.src].append(e)
+    r.down, r.up = down, up
 
-    # 4. pull, compute, push, pull, ..., STOP
+
+def _protocol(r):
+    """4. Each worker pulls, computes, pushes, pulls, ..., and ends on one STOP."""
+    workers, down, up, fail = r.workers, r.down, r.up, r.fail
     for w in workers:
         d, u = down[w], up[w]
         stops = [i for i, e in enumerate(d) if e.nbytes == 0]
@@ -164,7 +192,10 @@ def check(program, case, backend="sim"):
                             f"before its gradient {k} (step {u[k].step})",
                             hint="Reply to a worker only after its gradient arrived.")
 
-    # 5. the gradients are task.work's, from the parameters sent
+
+def _gradients(r):
+    """5. The gradients are task.work's, from the parameters sent."""
+    workers, res, up, down, task, fail = r.workers, r.res, r.up, r.down, r.task, r.fail
     for w in workers:
         comp = [c for c in res.trace.computes if c.rank == w and c.label == "gradient"]
         if len(comp) != len(up[w]) or [c.get("k") for c in comp] != list(range(len(comp))):
@@ -194,7 +225,10 @@ def check(program, case, backend="sim"):
                             hint="Push exactly what task.work(comm, params, k) returns, for the "
                                  "params of the latest comm.recv(0).")
 
-    # 6. exactly task.updates gradients
+
+def _count(r):
+    """6. Exactly task.updates gradients."""
+    workers, up, T, fail = r.workers, r.up, r.T, r.fail
     arrivals = sorted((e for w in workers for e in up[w]), key=lambda e: e.step)
     if len(arrivals) != T:
         return fail("the server applies exactly task.updates gradients",
@@ -203,8 +237,12 @@ def check(program, case, backend="sim"):
                              f"then STOP",
                     hint="Count the parameter messages sent (each brings one gradient back); "
                          "once it reaches task.updates, answer with STOP.")
+    r.arrivals = arrivals
 
-    # 7. the log: every arrived gradient, once, in arrival order
+
+def _log_order(r):
+    """7. The log: every arrived gradient, once, in arrival order."""
+    arrivals, log, fail = r.arrivals, r.log, r.fail
     order = [e.src for e in arrivals]
     logged = [w for w, _ in log]
     if len(log) != len(arrivals):
@@ -218,8 +256,12 @@ def check(program, case, backend="sim"):
                     f"arrive came from worker {order[i]}",
                     expected=f"arrival order {order[:i + 3]} ...", got=f"{logged[:i + 3]} ...",
                     hint=RECV_ANY)
+    r.order = order
 
-    # 8. every parameter message is a prefix of the arrivals, replayed
+
+def _replay(r):
+    """8. Every parameter message is a prefix of the arrivals, replayed."""
+    arrivals, res, task, workers, down, up, fail = r.arrivals, r.res, r.task, r.workers, r.down, r.up, r.fail
     index = {id(e): i for i, e in enumerate(arrivals)}
     grads = [res.payload(e) for e in arrivals]
     states, p = [task.init.copy()], task.init.copy()
@@ -247,8 +289,12 @@ def check(program, case, backend="sim"):
                             f"version {floor} and later hold it",
                             hint="Apply the gradient first, then reply with the parameters.")
             version[w, k] = v
+    r.index, r.grads, r.states, r.version = index, grads, states, version
 
-    # 9. the log's versions are the truth
+
+def _log_versions(r):
+    """9. The log's versions are the truth."""
+    log, version, fail = r.log, r.version, r.fail
     seen = defaultdict(int)
     for i, (w, v) in enumerate(log):
         k = seen[w]
@@ -260,7 +306,10 @@ def check(program, case, backend="sim"):
                         hint="Remember, per worker, len(log) at the moment you send it "
                              "parameters; log that when its gradient arrives.")
 
-    # 10. the final parameters
+
+def _final(r):
+    """10. The final parameters."""
+    params, states, grads, task, fail = r.params, r.states, r.grads, r.task, r.fail
     if not np.array_equal(params, states[-1]):
         return fail("the final parameters are the replay of the applied gradients",
                     "the server's final parameters differ from the initial ones with every "
@@ -269,7 +318,10 @@ def check(program, case, backend="sim"):
                     expected=numbers(states[-1], 3), got=numbers(params, 3),
                     hint="Return the parameters the server updated, not a copy made elsewhere.")
 
-    # 11-12. the SSP bound, and no waiting beyond it
+
+def _staleness(r):
+    """11-12. The SSP bound, and no waiting beyond it."""
+    workers, order, down, version, s, index, up, fail = r.workers, r.order, r.down, r.version, r.s, r.index, r.up, r.fail
     clocks = [dict.fromkeys(workers, 0)]            # per version: gradients of each worker
     for w in order:
         clocks.append({**clocks[-1], w: clocks[-1][w] + 1})
@@ -295,8 +347,12 @@ def check(program, case, backend="sim"):
                                 f"only at version {v}",
                                 hint="After each gradient you apply, release every held "
                                      "worker whose clock is within s of the slowest.")
+    r.clocks = clocks
 
-    # 13. no idling: workers compute only gradients, from the moment their
+
+def _no_idling(r):
+    """13. No idling, in simulated time."""
+    workers, res, down, up, index, clocks, s, arrivals, fail = r.workers, r.res, r.down, r.up, r.index, r.clocks, r.s, r.arrivals, r.fail
     # parameters arrive; the server sends as soon as the trigger has arrived
     # and its send port is free.
     for w in workers:
@@ -335,7 +391,10 @@ def check(program, case, backend="sim"):
                                  "wait on the server.")
         port_free = e.end
 
-    # 14. throughput against the reference on the same hidden speeds
+
+def _throughput(r):
+    """14. Throughput against the reference on the same hidden speeds."""
+    case, task, s, res, T, fail = r.case, r.task, r.s, r.res, r.T, r.fail
     ref = case.info.get("reference")
     if ref is None:
         ref = case.info["reference"] = run_async_ps(task, s).time
