@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import ringlab
+from ringlab.sim.budget import WALL_FACTOR
 from ringlab.data_parallel import async_ps as ps
 from ringlab.data_parallel.async_ps import PSTask, async_ps, max_clock_gap, run_async_ps, sync_sgd
 
@@ -143,9 +144,11 @@ def test_right_programs_pass(name):
 
 
 def test_grade_time_and_not_implemented():
+    # The target (under 2 s) is bench/grade_data_parallel.py's; here, on a machine
+    # that may be busy with other tests, up to WALL_FACTOR times as long (sim/budget.py).
     t = time.perf_counter()
     assert ringlab.grade("async_ps", async_ps, seed=5, log=False).passed
-    assert time.perf_counter() - t < 2.0
+    assert time.perf_counter() - t < 2.0 * WALL_FACTOR
 
     def stub(comm, task, s):
         raise NotImplementedError
