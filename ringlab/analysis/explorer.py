@@ -18,14 +18,11 @@ kernel; without JavaScript it shows the default layout's text.
 
 from __future__ import annotations
 
-import base64
-import gzip
-import hashlib
 import html
 import itertools
-import json
 
 from . import Layout, analyze, presets
+from ..show.packed import element_id, pack, unpack_js
 from .compare import label
 
 RECOMPUTE = ("none", "selective", "full")
@@ -125,17 +122,16 @@ class Explorer:
                       f"B = {global_batch}")
 
     def packed(self):
-        """``texts`` as JSON, gzipped (mtime 0: the same bytes every build) and base64:
-        720 layouts' texts are 285 kB, packed 26 kB."""
-        raw = json.dumps(self.texts, separators=(",", ":")).encode()
-        return base64.b64encode(gzip.compress(raw, 9, mtime=0)).decode()
+        """``texts`` packed for the page (``show.packed.pack``): 720 layouts' texts
+        are 285 kB, packed 26 kB."""
+        return pack(self.texts)
 
     def html(self):
         """A snippet: the menus (enabled by the script), the default layout's text,
-        and the script that unpacks ``texts`` (DecompressionStream, in every current
-        browser) and shows the text of the layout the menus pick."""
+        and the script that unpacks ``texts`` and shows the text of the layout the
+        menus pick."""
         packed = self.packed()
-        uid = "ringlab-analysis-" + hashlib.sha1(packed.encode()).hexdigest()[:10]
+        uid = element_id("ringlab-analysis", packed)
         names = {"tp": "tp", "pp": "pp", "sp": "SP", "zero": "ZeRO", "recompute": "recompute"}
         selects = []
         for (key, options), value in zip(self.choices.items(), self.default.split(",")):
@@ -151,12 +147,7 @@ class Explorer:
                 f"<script>(function () {{\n"
                 f"  var root = document.getElementById('{uid}');\n"
                 f"  var sel = root.querySelectorAll('select'), out = root.querySelector('pre');\n"
-                f"  if (!window.DecompressionStream) return;  // the default's text stays\n"
-                f"  var bytes = Uint8Array.from(atob('{packed}'),\n"
-                f"    function (c) {{ return c.charCodeAt(0); }});\n"
-                f"  var stream = new Blob([bytes]).stream()"
-                f".pipeThrough(new DecompressionStream('gzip'));\n"
-                f"  new Response(stream).json().then(function (texts) {{\n"
+                + unpack_js(packed, "function (texts) {\n"
                 f"    function update() {{\n"
                 f"      var key = Array.prototype.map.call(sel, function (s) "
                 f"{{ return s.value; }});\n"
@@ -166,7 +157,7 @@ class Explorer:
                 f"      s.disabled = false; s.addEventListener('change', update); }});\n"
                 f"    root.setAttribute('data-ready', '1');\n"
                 f"    update();\n"
-                f"  }});\n"
+                f"  }}") +
                 f"}})();</script>\n")
 
     def _repr_html_(self):

@@ -1,0 +1,75 @@
+"""The pipeline chapter's kernel-free explorer (ringlab.pipeline.explorer): each
+packed run is the simulator's run of that schedule, its text the measured bubble
+and the closed form of Narayanan et al. / Qi et al., and impossible settings
+say why."""
+
+from fractions import Fraction
+
+import pytest
+
+from ringlab.pipeline import bubble
+from ringlab.pipeline.drawing import pipeline_boxes
+from ringlab.pipeline.explorer import TICKS, PipelineExplorer
+from ringlab.pipeline.panel import SCHEDULES, simulate
+from ringlab.show.packed import unpack
+
+
+@pytest.fixture(scope="module")
+def small():
+    return PipelineExplorer(ps=(2, 4), ms=(1, 4, 8), vs=(2, 4))
+
+
+def test_every_setting_is_held(small):
+    # 3 schedules x 2 p x 3 m, and interleaved x 2 v.
+    assert len(small.runs) == 3 * 2 * 3 + 2 * 2 * 3
+    assert set(small.runs) == {small.key(s, p, m, v) for s in SCHEDULES for p in (2, 4)
+                               for m in (1, 4, 8) for v in (2, 4)}
+    assert small.key("gpipe", 4, 8, 3) == "gpipe,4,8,1"          # v only for interleaved
+
+
+@pytest.mark.parametrize("schedule,p,m,v", [("gpipe", 4, 8, 1), ("one_f_one_b", 2, 4, 1),
+                                            ("interleaved_1f1b", 4, 8, 2),
+                                            ("interleaved_1f1b", 2, 4, 4), ("zb_h1", 4, 4, 1)])
+def test_a_run_is_the_simulators(small, schedule, p, m, v):
+    run = small.runs[small.key(schedule, p, m, v)]
+    out = simulate(p, m, v, schedule)
+    want = [[b["rank"], b["start"], b["end"], b["mb"], b["stage"], "FBW".index(b["shade"])]
+            for b in pipeline_boxes(out["result"].trace)]
+    got = [[r, Fraction(s, TICKS), Fraction(e, TICKS), mb, st, k]
+           for r, s, e, mb, st, k in run["boxes"]]
+    assert got == want                                   # exact: times are whole ticks
+    assert Fraction(run["end"], TICKS) == out["stats"].makespan
+    # Every rank does v m forwards and v m backwards (and ZB-H1 m W's).
+    assert len(got) == p * v * m * (3 if schedule == "zb_h1" else 2)
+    closed = bubble.bubble_closed_form(schedule, p, m, v)
+    assert all(b == closed for b in out["stats"].bubble)   # t_f = t_b = t_w: the formula holds
+    lines = run["text"].splitlines()
+    assert f"{out['stats'].messages} messages" in lines[0]
+    assert out["stats"].messages == bubble.messages_closed_form(p, m, v)
+    assert f"= {100 * float(closed):.1f}%" in lines[1]
+    assert lines[2] == f"peak activations held per rank {out['stats'].peak_held}"
+    assert out["stats"].peak_held == [bubble.peak_held_closed_form(schedule, p, m, r, v)
+                                      for r in range(p)]
+
+
+def test_impossible_settings_say_why(small):
+    run = small.runs["interleaved_1f1b,4,1,2"]
+    assert set(run) == {"text"}
+    assert run["text"].startswith("not possible: interleaved 1F1B needs the number of "
+                                  "microbatches to be a multiple of the number of ranks")
+
+
+def test_the_page_holds_the_runs(small):
+    data = unpack(small.packed())
+    assert data["runs"] == small.runs and data["ticks"] == TICKS
+    assert len(data["colours"]) == 10 and all(len(row) == 3 for row in data["colours"])
+    page = small.html()
+    assert page.count('type="range"') == 3 and page.count("<select") == 1
+    assert small.packed() == PipelineExplorer(ps=(2, 4), ms=(1, 4, 8), vs=(2, 4)).packed()
+
+
+def test_the_default_grid_fits_a_page():
+    ex = PipelineExplorer()
+    assert len(ex.runs) == 3 * 5 * 16 + 3 * 5 * 16
+    assert len(ex.packed()) < 150_000                        # bytes of base64 in the page
+    assert ex.runs[ex.key(*ex.default)]["text"].startswith("one_f_one_b, p=4, m=8")
