@@ -8,7 +8,6 @@ Expected holdings are derived by hand from the ring algorithm (see comments).
 """
 
 import os
-import shutil
 import textwrap
 import time
 from pathlib import Path
@@ -18,8 +17,8 @@ import pytest
 
 import ringlab
 from ringlab.collectives import binomial_broadcast, ring_allreduce
+from support.chromium import CHROMIUM, DRIVER, headless_chromium
 
-CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(
     not (CHROMIUM and DRIVER),
     reason="needs Debian's chromium and chromium-driver (as root: apt-get install -y chromium "
@@ -29,17 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    os.environ["SE_OFFLINE"] = "true"       # selenium-manager must never download anything
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--window-size=900,1100",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        opts.add_argument(flag)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=opts)
+    driver = headless_chromium(tmp_path_factory.mktemp("chromium-profile"),
+                               "--disable-background-networking", "--disable-component-update",
+                               "--window-size=900,1100")
     yield driver
     driver.quit()
 
