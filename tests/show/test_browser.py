@@ -18,6 +18,7 @@ import pytest
 import ringlab
 from ringlab.collectives import binomial_broadcast, ring_allreduce
 from support.chromium import CHROMIUM, DRIVER, headless_chromium
+from support.worlds import computes_and_groups
 
 pytestmark = pytest.mark.skipif(
     not (CHROMIUM and DRIVER),
@@ -186,13 +187,7 @@ def test_computes_and_groups(browser, tmp_path):
     of each message in the list. Program: every rank computes "forward" (1 ms), then
     pairs (0, 1) and (2, 3) all-reduce in groups dp[0], dp[1] (steps 1, 2), then
     "optimizer" (2 ms) after the last step."""
-    def program(comm, x):
-        comm.compute(1e-3, "forward")
-        pair = comm.split(comm.rank // 2, name="dp")
-        y = ring_allreduce(pair, x)
-        comm.compute(2e-3, "optimizer")
-        return y
-    trace = ringlab.run(program, [np.ones(4)] * 4).trace
+    trace = ringlab.run(computes_and_groups, [np.ones(4)] * 4).trace
     open_page(browser, trace.save_html(tmp_path / "groups.html"))
     player = browser.find_element("css selector", ".ringlab-player")
 
