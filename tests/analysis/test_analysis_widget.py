@@ -6,14 +6,13 @@ import base64
 import gzip
 import html
 import json
-import os
-import shutil
 import time
 
 import pytest
 
 from ringlab.analysis import Layout, analyze, presets
 from ringlab.analysis import explorer as aw
+from support.chromium import CHROMIUM, DRIVER, headless_chromium
 
 GPT3, A100 = presets.MODELS["gpt3-175b"], presets.HARDWARE["dgx-a100"]
 
@@ -59,25 +58,13 @@ def test_explorer_holds_every_layout():
     assert ex.html().count("<select") == 5 and ex.packed() == aw.explorer().packed()
 
 
-CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-
-
 @pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Debian's chromium and driver")
 def test_explorer_in_a_browser(tmp_path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.support.ui import Select
-    os.environ["SE_OFFLINE"] = "true"
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 f"--user-data-dir={tmp_path / 'profile'}"):
-        opts.add_argument(flag)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     ex = aw.explorer()
     page = tmp_path / "explorer.html"
     page.write_text(f"<!DOCTYPE html><html><body>{ex.html()}</body></html>", encoding="utf-8")
-    driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=opts)
+    driver = headless_chromium(tmp_path / "profile")
     try:
         driver.get(page.as_uri())
         end = time.monotonic() + 10

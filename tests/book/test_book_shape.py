@@ -33,12 +33,13 @@ on the built HTML for outputs (they exist only after the chapter has run).
 import html.parser
 import os
 import re
-import shutil
 import time
 import unicodedata
 from pathlib import Path
 
 import pytest
+
+from support.chromium import CHROMIUM, DRIVER, headless_chromium
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOK_HTML = os.environ.get("RINGLAB_BOOK_HTML")
@@ -260,22 +261,12 @@ def test_output_parser_finds_pre_in_cell_outputs():
     assert ["".join(b) for b in p.blocks] == ["a < b\nline 2"]
 
 
-CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-
-
 @pytest.fixture(scope="module")
 def window(tmp_path_factory):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    os.environ["SE_OFFLINE"] = "true"       # selenium-manager must never download anything
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--hide-scrollbars",
-                 f"--window-size={WINDOW[0]},{WINDOW[1]}",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=opts)
+    driver = headless_chromium(tmp_path_factory.mktemp("chromium-profile"),
+                               "--disable-background-networking", "--disable-component-update",
+                               "--hide-scrollbars", f"--window-size={WINDOW[0]},{WINDOW[1]}",
+                               console=False)
     driver.set_window_size(*WINDOW)
     # --window-size sets the outer window; make the viewport itself 1400 x 900
     inner = driver.execute_script("return [window.innerWidth, window.innerHeight]")

@@ -2,14 +2,13 @@
 (ipywidgets) and static (HTML + JavaScript, checked in a headless Chromium)."""
 
 import json
-import os
 import re
-import shutil
 
 import pytest
 
 from ringlab.cost import nccl
 from ringlab.cost.nccl_quiz import quiz, reveal, size_label, static_quiz
+from support.chromium import CHROMIUM, DRIVER, headless_chromium
 
 
 def test_size_labels():
@@ -57,22 +56,10 @@ def test_static_quiz_holds_the_models_choices():
     assert "http" not in page
 
 
-CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-
-
 @pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs chromium and chromedriver")
 def test_static_quiz_in_a_browser(tmp_path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.support.ui import Select
-    os.environ["SE_OFFLINE"] = "true"
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 f"--user-data-dir={tmp_path / 'profile'}"):
-        opts.add_argument(flag)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=opts)
+    driver = headless_chromium(tmp_path / "profile")
     try:
         path = static_quiz([8 << 10, 1 << 30], [4, 16]).save_html(tmp_path / "quiz.html")
         driver.get(path.as_uri() if hasattr(path, "as_uri") else f"file://{path}")

@@ -352,18 +352,23 @@ def test_rebind_puts_model_inside_a_flat_buffer():
 
 # --- training and determinism ---------------------------------------------------------------
 
-def train_gpt(seed, steps=150):
-    data = ArithmeticTokens(vocab=16, seq_len=12)
-    model = GPT(vocab=16, dim=32, n_heads=4, hidden=64, n_layers=2, seq_len=12, rng=rng(seed))
-    opt = Adam(model.named_parameters(), lr=1e-2)
+def train(model, opt, batches, steps):
+    """The cross-entropy losses of ``steps`` steps of ``opt`` on the first batches."""
     losses = []
-    for _, (ids, targets) in zip(range(steps), data.batches(16, seed=seed)):
+    for _, (x, y) in zip(range(steps), batches):
         model.zero_grad()
-        loss, dlogits = cross_entropy(model.forward(ids), targets)
+        loss, dlogits = cross_entropy(model.forward(x), y)
         model.backward(dlogits)
         opt.step(model.named_grads())
         losses.append(loss)
     return losses
+
+
+def train_gpt(seed, steps=150):
+    data = ArithmeticTokens(vocab=16, seq_len=12)
+    model = GPT(vocab=16, dim=32, n_heads=4, hidden=64, n_layers=2, seq_len=12, rng=rng(seed))
+    opt = Adam(model.named_parameters(), lr=1e-2)
+    return train(model, opt, data.batches(16, seed=seed), steps)
 
 
 def test_gpt_learns_arithmetic_tokens_deterministically():
@@ -379,14 +384,7 @@ def train_mlp(seed, steps=150):
     data = Blobs(n_samples=512, dim=8, n_classes=4, seed=seed)
     model = mlp_model([8, 32, 4], rng(seed))
     opt = SGD(model.named_parameters(), lr=0.1, momentum=0.9)
-    losses = []
-    for _, (x, y) in zip(range(steps), data.batches(32, seed=seed)):
-        model.zero_grad()
-        loss, dlogits = cross_entropy(model.forward(x), y)
-        model.backward(dlogits)
-        opt.step(model.named_grads())
-        losses.append(loss)
-    return losses
+    return train(model, opt, data.batches(32, seed=seed), steps)
 
 
 def test_mlp_learns_blobs_deterministically():

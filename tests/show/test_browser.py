@@ -8,7 +8,6 @@ Expected holdings are derived by hand from the ring algorithm (see comments).
 """
 
 import os
-import shutil
 import textwrap
 import time
 from pathlib import Path
@@ -18,8 +17,9 @@ import pytest
 
 import ringlab
 from ringlab.collectives import binomial_broadcast, ring_allreduce
+from support.chromium import CHROMIUM, DRIVER, headless_chromium
+from support.worlds import computes_and_groups
 
-CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(
     not (CHROMIUM and DRIVER),
     reason="needs Debian's chromium and chromium-driver (as root: apt-get install -y chromium "
@@ -29,17 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    os.environ["SE_OFFLINE"] = "true"       # selenium-manager must never download anything
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--window-size=900,1100",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        opts.add_argument(flag)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=opts)
+    driver = headless_chromium(tmp_path_factory.mktemp("chromium-profile"),
+                               "--disable-background-networking", "--disable-component-update",
+                               "--window-size=900,1100")
     yield driver
     driver.quit()
 
@@ -195,13 +187,7 @@ def test_computes_and_groups(browser, tmp_path):
     of each message in the list. Program: every rank computes "forward" (1 ms), then
     pairs (0, 1) and (2, 3) all-reduce in groups dp[0], dp[1] (steps 1, 2), then
     "optimizer" (2 ms) after the last step."""
-    def program(comm, x):
-        comm.compute(1e-3, "forward")
-        pair = comm.split(comm.rank // 2, name="dp")
-        y = ring_allreduce(pair, x)
-        comm.compute(2e-3, "optimizer")
-        return y
-    trace = ringlab.run(program, [np.ones(4)] * 4).trace
+    trace = ringlab.run(computes_and_groups, [np.ones(4)] * 4).trace
     open_page(browser, trace.save_html(tmp_path / "groups.html"))
     player = browser.find_element("css selector", ".ringlab-player")
 

@@ -13,6 +13,7 @@ import ringlab
 from ringlab import Event, Trace
 from ringlab.collectives import binomial_broadcast, ring_allreduce
 from ringlab.show.player import TracePlayer, infer_layout, layout, player_data
+from support.worlds import computes_and_groups
 
 
 def ring(n, length=8):
@@ -142,13 +143,7 @@ def test_computes_and_groups_in_player_data():
     # Pairs (0, 1) and (2, 3) each all-reduce in their own group, between two computes.
     # With no network the ring of 2 takes steps 1 and 2; "forward" runs at step 0,
     # "optimizer" after the last message, at step 2.
-    def program(comm, x):
-        comm.compute(1e-3, "forward")
-        pair = comm.split(comm.rank // 2, name="dp")
-        y = ring_allreduce(pair, x)
-        comm.compute(2e-3, "optimizer")
-        return y
-    trace = ringlab.run(program, [np.ones(4)] * 4).trace
+    trace = ringlab.run(computes_and_groups, [np.ones(4)] * 4).trace
     data = player_data(trace)
     assert data["computeLabels"] == ["forward", "optimizer"]
     assert sorted(data["computes"]) == sorted([0, r, 0, 1e-3, 0] for r in range(4)) + sorted(

@@ -10,6 +10,7 @@ import ringlab
 from ringlab import Event, Trace
 from ringlab.collectives import ring_allreduce
 from ringlab.show.views import alpha_beta_time, holdings, holdings_table, step_bytes
+from support.worlds import central_allreduce
 
 F = frozenset
 
@@ -130,15 +131,7 @@ def test_central_reduction_price_by_hand():
     # Everyone sends its whole vector (v bytes) to rank 0, whose receive port
     # takes one per step (steps 1..N-1). Rank 0 then sends the sum to ranks
     # 1..N-1 one per step (steps N..2N-2): v each. T = 2(N-1) (alpha + v beta).
-    def central(comm, x):
-        if comm.rank:
-            comm.send(x, 0)
-            return comm.recv(0)
-        total = x + sum(comm.recv(src) for src in range(1, comm.world_size))
-        for dst in range(1, comm.world_size):
-            comm.send(total, dst)
-        return total
     n, v = 5, 8 * 10
-    trace = ringlab.run(central, [np.ones(10)] * n).trace
+    trace = ringlab.run(central_allreduce, [np.ones(10)] * n).trace
     assert step_bytes(trace) == {s: v for s in range(1, 2 * (n - 1) + 1)}
     assert alpha_beta_time(trace, 2.0, 0.5) == pytest.approx(2 * (n - 1) * (2.0 + v * 0.5))

@@ -12,17 +12,7 @@ from hypothesis import given, settings, strategies as st
 import ringlab
 from ringlab import AlphaBeta
 from ringlab.collectives import binomial_broadcast, binomial_reduce, ring_allgather, ring_allreduce, tree_allreduce
-
-
-def central_allreduce(comm, x):
-    """Everyone sends to rank 0, which adds and sends the sum back."""
-    if comm.rank:
-        comm.send(x, 0)
-        return comm.recv(0)
-    total = x + sum(comm.recv(src) for src in range(1, comm.world_size))
-    for dst in range(1, comm.world_size):
-        comm.send(total, dst)
-    return total
+from support.worlds import central_allreduce
 
 
 def one_port(trace):

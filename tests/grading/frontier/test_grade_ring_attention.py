@@ -64,13 +64,19 @@ WRONG = [
 ]
 
 
-@pytest.mark.parametrize("program, check, phrases", WRONG, ids=[w[0].__name__ for w in WRONG])
-def test_wrong_programs_fail_with_the_mistake_named(program, check, phrases):
+def assert_fails_naming(program, check, phrases):
+    """The report of ``program`` fails at ``check`` and holds every phrase; returns its text."""
     report = grade(program)
     text = str(report)
     assert not report.passed and report.failure.check == check, text
     for phrase in phrases:
         assert phrase in text, f"{phrase!r} missing from:\n{text}"
+    return text
+
+
+@pytest.mark.parametrize("program, check, phrases", WRONG, ids=[w[0].__name__ for w in WRONG])
+def test_wrong_programs_fail_with_the_mistake_named(program, check, phrases):
+    text = assert_fails_naming(program, check, phrases)
     assert "np.float64(" not in text and "ring_attention.py" not in text
 
 
@@ -95,11 +101,7 @@ CHEATS = [
 
 @pytest.mark.parametrize("program, check, phrases", CHEATS, ids=[c[0].__name__ for c in CHEATS])
 def test_cheats_fail(program, check, phrases):
-    report = grade(program)
-    text = str(report)
-    assert not report.passed and report.failure.check == check, text
-    for phrase in phrases:
-        assert phrase in text, f"{phrase!r} missing from:\n{text}"
+    assert_fails_naming(program, check, phrases)
 
 
 def test_queries_partial_outputs_and_reused_blocks_are_read_from_the_payloads():

@@ -1,0 +1,1 @@
+"""Helpers shared by test files in several folders of tests/ (imported as ``support.…``)."""
