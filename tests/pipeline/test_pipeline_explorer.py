@@ -3,9 +3,11 @@ packed run is the simulator's run of that schedule, its text the measured bubble
 and the closed form of Narayanan et al. / Qi et al., and impossible settings
 say why."""
 
+import time
 from fractions import Fraction
 
 import pytest
+from support.chromium import CHROMIUM, DRIVER, headless_chromium
 
 from ringlab.pipeline import bubble
 from ringlab.pipeline.drawing import pipeline_boxes
@@ -73,3 +75,63 @@ def test_the_default_grid_fits_a_page():
     assert len(ex.runs) == 3 * 5 * 16 + 3 * 5 * 16
     assert len(ex.packed()) < 150_000                        # bytes of base64 in the page
     assert ex.runs[ex.key(*ex.default)]["text"].startswith("one_f_one_b, p=4, m=8")
+
+
+@pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Debian's chromium and driver")
+def test_explorer_in_a_browser(tmp_path):
+    """A reader with no kernel moves the sliders: the text and the boxes drawn are
+    the picked run's, the bubble shrinks as m grows, v only counts when interleaved."""
+    from selenium.webdriver.support.ui import Select
+    ex = PipelineExplorer(ps=(2, 4), ms=(4, 8, 16), vs=(2, 4))
+    page = tmp_path / "explorer.html"
+    page.write_text(f"<!DOCTYPE html><html><body>{ex.html()}</body></html>", encoding="utf-8")
+    driver = headless_chromium(tmp_path / "profile", "--window-size=1400,900")
+    try:
+        driver.get(page.as_uri())
+        end = time.monotonic() + 10
+        while not driver.execute_script(
+                "return document.querySelector('.ringlab-pipeline').dataset.ready"):
+            assert time.monotonic() < end, "the explorer never became ready"
+            time.sleep(0.05)
+        pre = driver.find_element("css selector", ".ringlab-pipeline pre")
+
+        def shown(key):
+            run = ex.runs[key]
+            assert pre.text == run["text"]
+            drawn = driver.execute_script(
+                "return Array.from(document.querySelectorAll('rect.rpe-box'))"
+                ".map(r => r.dataset.kind + r.dataset.mb)")
+            assert drawn == ["FBW"[b[5]] + str(b[3]) for b in run.get("boxes", [])]
+
+        def slide(name, index):      # a range input moved by the reader
+            driver.execute_script(
+                "const s = document.querySelector(`input[data-key=${arguments[0]}]`);"
+                "s.value = arguments[1]; s.dispatchEvent(new Event('input'));", name, index)
+
+        shown("one_f_one_b,4,8,1")
+        assert "bubble 37.5% of compute" in pre.text                 # (4 - 1) / 8
+        slide("m", 2)
+        shown("one_f_one_b,4,16,1")
+        assert "bubble 18.8% of compute" in pre.text                 # (4 - 1) / 16
+        v = driver.find_element("css selector", "input[data-key=v]")
+        assert not v.is_enabled()                      # v counts only when interleaved
+        Select(driver.find_element("css selector", "select[data-key=schedule]")
+               ).select_by_value("interleaved_1f1b")
+        assert v.is_enabled()
+        slide("v", 1)
+        shown("interleaved_1f1b,4,16,4")
+        assert "bubble 4.7% of compute" in pre.text                  # 3 / (4 * 16)
+        slide("m", 0)
+        slide("p", 0)
+        shown("interleaved_1f1b,2,4,4")
+        Select(driver.find_element("css selector", "select[data-key=schedule]")
+               ).select_by_value("zb_h1")
+        assert not v.is_enabled()
+        shown("zb_h1,2,4,1")
+        height = driver.execute_script(
+            "return document.querySelector('.ringlab-pipeline').getBoundingClientRect().height")
+        assert height < 757                                        # one screen, controls too
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert not errors, errors
+    finally:
+        driver.quit()
