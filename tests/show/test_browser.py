@@ -265,3 +265,29 @@ def test_player_runs_in_the_built_book(browser):
     for other in sorted(html.rglob("*.html")):           # every chapter loads cleanly
         browser.get(other.as_uri())
         assert js_errors(browser) == [], other.name
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 16, 32])
+def test_players_fit_one_screen(browser, tmp_path, n):
+    """A 1400 x 900 window shows 757 px of a book page: every player, its controls
+    and its list of a step's messages fit there; two ranks stand side by side, and
+    a step of 2n messages lists 15 and says how many more."""
+    trace = ringlab.run(ring_allreduce, [np.arange(2.0 * n)] * n).trace
+    open_page(browser, trace.save_html(tmp_path / f"ring{n}.html"))
+    player = browser.find_element("css selector", ".ringlab-player[data-ready]")
+    for _ in range(trace.steps):
+        player.find_element("css selector", "button.rlp-forward").click()
+        height = browser.execute_script(
+            "return arguments[0].getBoundingClientRect().height", player)
+        assert height <= 757, (n, height)
+    player.find_element("css selector", "button.rlp-first").click()
+    player.find_element("css selector", "button.rlp-forward").click()
+    items = [li.text for li in player.find_elements("css selector", "ul.rlp-messages li")]
+    assert items[:min(n, 15)] == [
+        f"rank {r} → rank {(r + 1) % n}: chunk {r}, reduce, 16 B" for r in range(n)][:15]
+    assert len(items) == min(n, 16) and (n <= 16 or items[-1] == f"… and {n - 15} more")
+    if n == 2:
+        boxes = player.find_elements("css selector", "g.rlp-rank")
+        assert abs(boxes[0].rect["y"] - boxes[1].rect["y"]) < 1
+        assert boxes[1].rect["x"] - boxes[0].rect["x"] > 200
+    assert js_errors(browser) == []

@@ -17,7 +17,8 @@
   var OTHER = "#7f7f7f";
   var BASE_MS = 1000;                    // speed 1x = one step per second
   var MAX_ARROWS = 300;                  // more would be a solid blur; the list says how many
-  var MAX_LISTED = 24;
+  var MAX_LISTED = 16;                   // lines in the list of a step (two columns)
+  var MAX_SHOWN_HEIGHT = 500;            // px of the drawing on screen, at most
 
   function make(ns, tag, attrs, parent, text) {
     var node = ns ? document.createElementNS(ns, tag) : document.createElement(tag);
@@ -112,13 +113,17 @@
       if (kind === "tree") return { x: p[0] * (boxW + gap), y: p[1] * (boxH + 80) };
       if (kind === "line") return { x: p[0] * (boxW + gap + 80), y: 0 };
       var radius = n < 2 ? 0 : Math.max(140, (Math.max(boxW, boxH) + gap) / (2 * Math.sin(Math.PI / n)));
+      // Two ranks side by side, not one above the other: a screen is wider than tall.
+      if (n === 2) return { x: p[1] * radius, y: 0 };
       return { x: p[0] * radius, y: p[1] * radius };
     });
     var margin = 60, xs = centres.map(function (c) { return c.x; }), ys = centres.map(function (c) { return c.y; });
     var x0 = Math.min.apply(null, xs) - boxW / 2 - margin, y0 = Math.min.apply(null, ys) - boxH / 2 - margin;
     var w = Math.max.apply(null, xs) - x0 + boxW / 2 + margin, h = Math.max.apply(null, ys) - y0 + boxH / 2 + margin;
     // The SVG is scaled to fit its width; pick the font size that ends up ~11 px on screen.
-    var shownWidth = Math.min(760, Math.max(w * 1.25, 480));
+    // Shown no taller than MAX_SHOWN_HEIGHT px, so that the player with its title and
+    // controls fits the 757 px a 1400 x 900 window shows of a page.
+    var shownWidth = Math.min(760, Math.max(w * 1.25, 480), MAX_SHOWN_HEIGHT * w / h);
     return { centres: centres, boxW: boxW, boxH: boxH, cell: cell, cols: cols, rows: rows, chunkRow: chunkRow,
              viewBox: [x0, y0, w, h], shownWidth: shownWidth, font: Math.max(10, 11 * w / shownWidth) };
   };
@@ -418,11 +423,14 @@
       (events.length === 1 ? "" : "s") + what + "." + after +
       (events.length > MAX_ARROWS ? " Drawing the first " + MAX_ARROWS + "." : "");
     while (this.list.firstChild) this.list.removeChild(this.list.firstChild);
-    events.slice(0, MAX_LISTED).forEach(function (e) { el("li", {}, self.list, self.messageText(e)); });
-    if (events.length > MAX_LISTED) el("li", {}, this.list, "… and " + (events.length - MAX_LISTED) + " more");
-    this.computesByStep[step].slice(0, MAX_LISTED).forEach(function (c) {
-      el("li", { "class": "rlp-compute-item" }, self.list, "rank " + c[1] + " computes " + self.computeText(c));
-    });
+    // Messages, then computes; at most MAX_LISTED lines in all, so the player keeps its height.
+    var items = events.map(function (e) { return [{}, self.messageText(e)]; }).concat(
+      this.computesByStep[step].map(function (c) {
+        return [{ "class": "rlp-compute-item" }, "rank " + c[1] + " computes " + self.computeText(c)];
+      }));
+    var cut = items.length > MAX_LISTED ? MAX_LISTED - 1 : items.length;
+    items.slice(0, cut).forEach(function (it) { el("li", it[0], self.list, it[1]); });
+    if (cut < items.length) el("li", {}, this.list, "… and " + (items.length - cut) + " more");
   };
 
   Player.prototype.play = function () {
