@@ -75,6 +75,7 @@ ROWS = [
                  "ConnectX-6 InfiniBand/VPI Adapter Cards User Manual: 'HDR IB "
                  "(200Gb/s)'); latency: https://lenovopress.lenovo.com/lp1195 "
                  "(ConnectX-6 HDR VPI adapters: 'sub-600 nanosecond latency')",
+                 "200 Gb/s is HDR's rate for a 4x port (four lanes of 50 Gb/s, IBTA); "
                  "latency: the adapter's, an upper bound, without switches"),
     Interconnect("InfiniBand NDR", _gbit(400), "NIC port", None,
                  "https://docs.nvidia.com/networking/display/ConnectX7VPI/Introduction "

@@ -189,6 +189,8 @@ def test_infiniband_rows_cite_infiniband_adapters():
         if name.startswith("InfiniBand"):
             assert "ConnectX6EN" not in row.source and "Ethernet adapter" not in row.source
     assert "InfiniBand/VPI" in INTERCONNECTS["InfiniBand HDR"].source
+    hdr = INTERCONNECTS["InfiniBand HDR"]                 # IBTA HDR: 4 lanes of 50 Gb/s
+    assert hdr.bytes_per_s == 4 * 50e9 / 8 and "four lanes of 50 Gb/s" in hdr.note
 
 
 def test_interconnect_rows_are_per_direction_and_sourced():
