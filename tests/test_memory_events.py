@@ -268,7 +268,9 @@ def test_side_by_side_shares_the_byte_scale_and_the_colours():
     assert tops == [[0, 800, 1600], [0, 800, 1200]]
     colour = [_lines(ax)["memory:grads"].get_color() for ax in axes]
     assert colour[0] == colour[1]
-    assert axes[0].get_legend() is None and axes[1].get_legend() is not None
+    assert axes[0].get_legend() is None and axes[1].get_legend() is None
+    (legend,) = axes[0].figure.legends                      # one, for every panel
+    assert [t.get_text() for t in legend.get_texts()] == ["params", "grads"]
 
 
 # -- real processes --------------------------------------------------------------

@@ -182,9 +182,17 @@ def plot_memory_side_by_side(runs, rank=0, *, group_labels=False, axes=None):
         labels.update(dict.fromkeys(memory_layers(trace, rank, group_labels=group_labels)[1]))
     colours = _colours(labels)
     if axes is None:
-        _, axes = plt.subplots(1, len(runs), figsize=(3.2 * len(runs) + 1.2, 3.2), sharey=True,
-                               squeeze=False, layout="constrained")
-    axes = np.asarray(axes).ravel()
+        # At most two panels a row, so that the figure is shown at its own size in a
+        # page (784 px wide in the book): a row of four was shrunk to 0.56.
+        cols = min(2, len(runs))
+        rows = -(-len(runs) // cols)
+        _, axes = plt.subplots(rows, cols, figsize=(3.7 * cols + 0.2, 2.1 * rows + 0.5),
+                               sharey=True, squeeze=False, layout="constrained")
+        for ax in axes.ravel()[len(runs):]:
+            ax.set_visible(False)
+    grid = np.asarray(axes)
+    cols = grid.shape[-1] if grid.ndim > 1 else len(runs)
+    axes = grid.ravel()[:len(runs)]
     peak = max(trace.peak_memory(rank) for trace in runs.values())
     for i, (ax, (name, trace)) in enumerate(zip(axes, runs.items())):
         plot_memory(trace, rank, ax, group_labels=group_labels, colours=colours,
@@ -192,12 +200,12 @@ def plot_memory_side_by_side(runs, rank=0, *, group_labels=False, axes=None):
         ax.set_ylim(0, max(peak, 1) * 1.08)
         factor, unit = _bytes_unit(peak)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _, f=factor: f"{y / f:g}"))
-        ax.set_ylabel(f"rank {rank}: memory held ({unit})" if i == 0 else "")
+        ax.set_ylabel(f"rank {rank}: held ({unit})" if i % cols == 0 else "")
         if ax.get_legend():
             ax.get_legend().remove()
-    # One legend, beside the last panel, naming every label of every run.
-    handles = [Patch(color=colours[label], alpha=0.85, label=label) for label in reversed(labels)]
+    # One legend for the figure, below the panels, naming every label of every run.
+    handles = [Patch(color=colours[label], alpha=0.85, label=label) for label in labels]
     if handles:
-        axes[len(runs) - 1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1),
-                                   fontsize=8, frameon=False)
+        axes[0].figure.legend(handles=handles, loc="outside lower center",
+                              ncol=min(4, len(handles)), frameon=False)
     return axes

@@ -398,7 +398,11 @@ def plot_gantt(trace, ax=None, *, color_by="label", ranks=None, title=None, time
         if b["text"] and b["end"] - b["start"] >= 0.012 * (len(b["text"]) + 1) * end:
             txt = ax.text((b["start"] + b["end"]) / 2, y, b["text"], ha="center", va="center",
                           fontsize=7, color="white", zorder=3)
-            txt.set_clip_path(rect)         # never spill over a short bar
+            txt.set_clip_path(rect)         # never spill over a short bar,
+            txt.set_clip_box(ax.bbox)       # nor out of a zoomed-in axis
+            # Inside its bar, which the axes clip: it never needs room of its own, and a
+            # label off a zoomed-in axis must not widen the saved figure.
+            txt.set_in_layout(False)
 
     # The makespan: when the last rank is done.
     ax.axvline(end, color="0.35", ls="--", lw=0.9, zorder=1)

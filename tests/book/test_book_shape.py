@@ -292,12 +292,40 @@ def rendered_height(driver, page):
     return driver.execute_script("return document.documentElement.scrollHeight")
 
 
+# What a 1400 x 900 window shows of a page below the book's header bar.
+SHOWN = 757
+PANELS = ".ringlab-player, .ringlab-pipeline, .ringlab-analysis, .ringlab-quiz"
+
+
+# A figure drawn wider than the page is shown smaller, and its text with it: a row
+# of four memory panels was shown at 0.56, its labels unreadable.
+MIN_SCALE = 0.85
+
+
+def figure_scales(driver):
+    """(file, shown width / drawn width) of every figure in the page's cell outputs."""
+    return [(src.rsplit("/", 1)[-1], round(scale, 2)) for src, scale in driver.execute_script(
+        "return Array.from(document.querySelectorAll('.cell_output img')).filter("
+        "i => i.naturalWidth > 0).map(i => [i.src, i.clientWidth / i.naturalWidth])")]
+
+
+def panel_heights(driver):
+    """(class, height in px) of every player, explorer and quiz on the page."""
+    return [tuple(p) for p in driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0])).map(e => "
+        "[e.className, Math.round(e.getBoundingClientRect().height)])", PANELS)]
+
+
 @needs_built_book
 @pytest.mark.skipif(not (CHROMIUM and DRIVER),
                     reason="needs Debian's chromium and chromium-driver")
 def test_chapters_are_at_most_twelve_screens(window):
     assert window.execute_script("return [window.innerWidth, window.innerHeight]") == list(WINDOW)
-    heights = {md: rendered_height(window, Path(BOOK_HTML) / f"{md}.html") for md in chapters()}
+    heights, panels, scales = {}, {}, {}
+    for md in chapters():
+        heights[md] = rendered_height(window, Path(BOOK_HTML) / f"{md}.html")
+        panels[md] = panel_heights(window)
+        scales[md] = figure_scales(window)
     report = "\n".join(f"{md:<32} {h:>7,} px = {h / WINDOW[1]:5.1f} screens"
                        for md, h in heights.items())
     print(f"\nrendered heights at {WINDOW[0]} x {WINDOW[1]}, folded content closed:\n{report}")
@@ -306,3 +334,9 @@ def test_chapters_are_at_most_twelve_screens(window):
     assert not fixed, f"these now pass: remove 'height' from PENDING: {fixed}\n{report}"
     too_long = sorted(md for md in over if "height" not in PENDING.get(md, ()))
     assert not too_long, f"longer than {MAX_SCREENS} screens: {too_long}\n{report}"
+    tall = {md: [p for p in found if p[1] > SHOWN] for md, found in panels.items()}
+    assert not any(tall.values()), f"panels taller than the {SHOWN} px a window shows: {tall}"
+    assert sum(map(len, panels.values())) >= 30         # the players, explorers and quiz were seen
+    shrunk = {md: [f for f in found if f[1] < MIN_SCALE] for md, found in scales.items()}
+    assert not any(shrunk.values()), f"figures shown below {MIN_SCALE} of their size: {shrunk}"
+    assert sum(map(len, scales.values())) >= 40
