@@ -498,7 +498,7 @@ def _bad_tokens(case, plan, ev, ids, head, expected, used):
     dropped = [(t, i) for t, i in case.info["dropped"][s] if t in extra and i in plan.owned(d)]
     if dropped:
         (u, i), = dropped[:1]
-    return Failure(case.label, "dropped tokens are not sent",
+        return Failure(case.label, "dropped tokens are not sent",
                        head + f"token {u}, whose assignment to expert {i} was "
                               f"dropped by the capacity (its gate is 0)",
                        expected=expected, got=got,

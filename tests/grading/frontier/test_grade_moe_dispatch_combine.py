@@ -177,3 +177,25 @@ def test_a_timeout_shows_the_learner_s_frames_not_the_driver_s():
     assert "in endless" in failure.what and "stopped here by the time limit" in failure.what
     assert "in drive" not in failure.what
     assert "ringlab/grading/frontier/moe_dispatch_combine.py" not in failure.what
+
+
+def test_each_wrong_token_message_gets_its_own_report():
+    """``_bad_tokens`` on hand-made messages of rank 0 to rank 1 (rank 1 holds expert
+    1; tokens 0 and 2 go there; token 3's assignment to expert 1 was dropped): a
+    token sent with no assignment there, a dropped one, everything, a missing one."""
+    from types import SimpleNamespace as NS
+    gates = np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+    plan = NS(tokens={0: {1: [0, 2]}}, x={0: np.zeros((4, 2))}, gates={0: gates},
+              owned=lambda d: range(d, d + 1))
+    case = NS(label="a case", info={"dropped": {0: [(3, 1)]}})
+    ev = NS(src=0, dst=1)
+
+    def check(ids):
+        return MD._bad_tokens(case, plan, ev, ids, "", "tokens [0, 2]", set())
+    assert check([0, 1, 2]).check == NOWHERE and "token 1, which goes to expert(s) [0]" in (
+        check([0, 1, 2]).what)
+    assert check([0, 2, 3]).check == "dropped tokens are not sent"
+    assert "token 3, whose assignment to expert 1 was dropped" in check([0, 2, 3]).what
+    assert check([0, 1, 2, 3]).check == "dropped tokens are not sent"       # the named cause
+    assert check([0]).check == "one message of tokens per pair of ranks"
+    assert "token 2 is not in it" in check([0]).what
