@@ -368,6 +368,29 @@ def _whole_shard(p, info, n, ag_when):
     return None
 
 
+def labelled_messages(result, case, ag_when):
+    """``label_messages``'s (labelled, None) or (None, Failure); with one rank,
+    (None, None) if nothing was sent (nothing more to check), else (None, Failure)."""
+    if case.world_size == 1:
+        return None, (None if len(result.trace) == 0 else Failure(
+            case.label, "collectives: which, how many, what size",
+            f"world_size=1, yet {len(result.trace)} message(s) were sent"))
+    return label_messages(result, case, ag_when)
+
+
+def message_sizes(info, n):
+    """The bytes of one ring message of each segment, as the reports list them."""
+    return ", ".join(f"{p // n * 8}" for p in info["pads"])
+
+
+def calls_by_step(labelled, n):
+    """(rank, step t, ``[(kind, segment)]``: the rank's calls of step t, in order)."""
+    for r in range(n):
+        calls = calls_of(labelled.get(r, []), n)
+        for t in range(STEPS):
+            yield r, t, [(k, s) for (k, s, tt), _, _ in calls if tt == t]
+
+
 def calls_of(labelled, n, per_call=None):
     """``[(label, first event, messages)]``: a rank's messages grouped into calls
     of N-1 messages each (``per_call(label)`` each, if given; per label, in

@@ -183,12 +183,8 @@ def master_shards(result, case):
 
 def collectives(result, case):
     n = case.world_size
-    if n == 1:
-        return None if len(result.trace) == 0 else Failure(
-            case.label, "collectives: which, how many, what size",
-            f"world_size=1, yet {len(result.trace)} message(s) were sent")
-    labelled, failure = C.label_messages(result, case, "after")
-    if failure:
+    labelled, failure = C.labelled_messages(result, case, "after")
+    if labelled is None:
         return failure
     expected = {(k, 0, t): 1 for t in range(C.STEPS) for k in ("RS", "AG")}
     what = (lambda k, s: "the weighted gradients" if k == "RS"

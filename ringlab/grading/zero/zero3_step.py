@@ -218,12 +218,8 @@ def params(result, case):
 
 def collectives(result, case):
     n, info = case.world_size, case.info
-    if n == 1:
-        return None if len(result.trace) == 0 else Failure(
-            case.label, "collectives: which, how many, what size",
-            f"world_size=1, yet {len(result.trace)} message(s) were sent")
-    labelled, failure = C.label_messages(result, case, "before")
-    if failure:
+    labelled, failure = C.labelled_messages(result, case, "before")
+    if labelled is None:
         return failure
     units = len(info["segments"])
     names = [s[0].split(".")[0] for s in info["segments"]]
@@ -245,14 +241,11 @@ def collectives(result, case):
                             "its forward and gathers them again just before its backward: "
                             "two AllGathers and one ReduceScatter per unit per step, 3Ψ.")
         return failure
-    sizes = ", ".join(f"{p // n * 8}" for p in info["pads"])
-    for r in range(n):
-        calls = C.calls_of(labelled.get(r, []), n)
-        for t in range(C.STEPS):
-            mine = [(k, u) for (k, u, tt), _, _ in calls if tt == t]
-            failure = unit_order(case, r, t, mine, names, sizes)
-            if failure:
-                return failure
+    sizes = C.message_sizes(info, n)
+    for r, t, mine in C.calls_by_step(labelled, n):
+        failure = unit_order(case, r, t, mine, names, sizes)
+        if failure:
+            return failure
     return None
 
 
