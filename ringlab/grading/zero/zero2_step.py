@@ -48,6 +48,7 @@ import numpy as np
 
 from ..kit.report import Failure
 from ..kit.driver import callable_learner
+from ..kit.widths import mlp_widths
 from . import _common as C
 from ._measured import measured_steps
 from .zero1_step import memory, model_state, shard_state
@@ -98,9 +99,7 @@ def cases(rng):
             # resident memory too, which ringlab grade reads from outside (memory.py).
             sizes = [400, 1000, 1000, int(rng.integers(5, 8))]
         else:
-            sizes = ([int(rng.integers(n, n + 4))] + [int(rng.integers(n + 4, n + 9))
-                                                  for _ in range(layers - 1)]
-                     + [int(rng.integers(n + 2, n + 5))])
+            sizes = mlp_widths(rng, n, layers)
         total = 8 * sum(int(np.prod(s)) for s in C.shapes_of(sizes).values())
         cap = max(8, int(total * frac))
         buckets = buckets_of(sizes, cap)

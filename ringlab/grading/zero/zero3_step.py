@@ -42,6 +42,7 @@ import numpy as np
 
 from ..kit.report import Failure
 from ..kit.driver import callable_learner
+from ..kit.widths import measured_widths, mlp_widths, units_of
 from . import _common as C
 from ._measured import measured_steps, resident_loaded, resident_marks, resident_peak
 from .zero1_step import SLACK
@@ -109,15 +110,8 @@ def cases(rng):
     for n, batch, layers, measure in ((4, 10, 3, False), (2, 5, 2, False), (3, 7, 4, False),
                                       (1, 4, 2, False), (8, 12, 2, False), (5, 9, 3, False),
                                       (4, 9, 25, True)):
-        if measure:
-            # 24 units of 0.5 MB: the whole model (12 MB) is plain next to one
-            # unit in the process's resident memory too (ringlab grade, memory.py).
-            sizes = [24] + [250] * (layers - 1) + [int(rng.integers(5, 8))]
-        else:
-            sizes = ([int(rng.integers(n, n + 4))] + [int(rng.integers(n + 4, n + 9))
-                                                  for _ in range(layers - 1)]
-                     + [int(rng.integers(n + 2, n + 5))])
-        units = [[f"{2 * i}.weight", f"{2 * i}.bias"] for i in range(len(sizes) - 1)]
+        sizes = measured_widths(rng, layers) if measure else mlp_widths(rng, n, layers)
+        units = units_of(sizes)
         case = C.make_case(rng, n, batch, sizes, units, measure=measure,
                            label=f", {len(units)} units" + (", memory measured" if measure
                                                             else ""))
