@@ -44,7 +44,6 @@ Part 1's collectives are tools (``USES``); ``ringlab.frontier.hsdp`` and
 ``ringlab.zero`` (the answers) are not.
 """
 
-import functools
 import re
 
 import numpy as np
@@ -110,10 +109,8 @@ def _train(comm, steps, spec, learner):
 
 
 def check(program, case, backend="sim"):
-    result, failure = C.run_measured(functools.partial(_train, learner=program), case, backend)
-    if failure:
-        return explain_error(failure, case)
-    failure = C.read_outputs(result, case)
+    result, failure = C.trained(_train, program, case, backend,
+                                lambda failure: explain_error(failure, case))
     if failure:
         return failure
     # The groups first (a collective over all ranks may still give the right

@@ -42,8 +42,6 @@ its ReduceScatters fakes an overlap the grader cannot tell from a real one;
 the values, messages and memory it checks are still its own measurements.
 """
 
-import functools
-
 import numpy as np
 
 from ..kit.report import Failure
@@ -130,11 +128,8 @@ def _train(comm, steps, spec, learner):
 def check(program, case, backend="sim"):
     from .zero1_step import explain_error, same_on_every_rank
     kw = {"network": AlphaBeta(*NETWORK)} if backend == "sim" else {}
-    result, failure = C.run_measured(functools.partial(_train, learner=program), case,
-                                     backend, **kw)
-    if failure:
-        return explain_error(failure)
-    return (C.read_outputs(result, case) or same_on_every_rank(result, case)
+    result, failure = C.trained(_train, program, case, backend, explain_error, **kw)
+    return (failure or same_on_every_rank(result, case)
             or C.compare_params(case, result.outputs[0][1], "rank 0")
             or master_pieces(result, case) or collectives(result, case)
             or (overlap(result, case) if backend == "sim" else None)
@@ -156,17 +151,14 @@ def master_pieces(result, case):
 
 def collectives(result, case):
     n, info = case.world_size, case.info
-    labelled, failure = C.labelled_messages(result, case, "after")
-    if labelled is None:
-        return failure
     nb = len(info["segments"])
     expected = {(k, b, t): 1 for t in range(C.STEPS) for b in range(nb) for k in ("RS", "AG")}
 
     def what(k, b):
         return (f"bucket {b}'s weighted gradients" if k == "RS"
                 else f"bucket {b}'s updated parameter pieces")
-    failure = C.count_failure(case, labelled, expected, what)
-    if failure:
+    labelled, failure = C.counted_messages(result, case, "after", expected, what)
+    if labelled is None:
         return failure
     sizes = C.message_sizes(info, n)
     for r, t, mine in C.calls_by_step(labelled, n):
@@ -175,9 +167,7 @@ def collectives(result, case):
         if rs != list(range(nb)) or any(k == "RS" for k, _ in mine[first_ag:]):
             return Failure(
                 case.label, "one ReduceScatter per bucket, in order, then the AllGathers",
-                f"training step {t + 1}, rank {r} ran: " + ", ".join(
-                    f"{'ReduceScatter' if k == 'RS' else 'AllGather'}(bucket {b})"
-                    for k, b in mine),
+                C.ran(t, r, mine, lambda b: f"bucket {b}"),
                 expected=f"ReduceScatters of buckets 0..{nb - 1} in that order (messages "
                          f"of {sizes} bytes), all before the first AllGather",
                 hint="Start each bucket's ReduceScatter as soon as its last gradient is "

@@ -36,8 +36,6 @@ Checks, on hidden models, world sizes 1 to 8, unequal shards:
    them, fails here even with the right collectives in the right order.
 """
 
-import functools
-
 import numpy as np
 
 from ..kit.report import Failure
@@ -179,10 +177,8 @@ def state(model, opt, shards, t, r, stage="ZeRO-3", share="1/N"):
 
 
 def check(program, case, backend="sim"):
-    result, failure = C.run_measured(functools.partial(_train, learner=program), case, backend)
-    if failure:
-        return explain_error(failure)
-    return (C.read_outputs(result, case) or params(result, case)
+    result, failure = C.trained(_train, program, case, backend, explain_error)
+    return (failure or params(result, case)
             or collectives(result, case) or memory(result, case, backend))
 
 
@@ -212,9 +208,6 @@ def params(result, case):
 
 def collectives(result, case):
     n, info = case.world_size, case.info
-    labelled, failure = C.labelled_messages(result, case, "before")
-    if labelled is None:
-        return failure
     units = len(info["segments"])
     names = [s[0].split(".")[0] for s in info["segments"]]
     expected = {}
@@ -225,15 +218,16 @@ def collectives(result, case):
     def what(k, u):
         return (f"unit {names[u]}'s weighted gradients" if k == "RS"
                 else f"unit {names[u]}'s parameter shards")
-    failure = C.count_failure(case, labelled, expected, what)
-    if failure:
-        if "1 ring AllGather" not in failure.what and f"{n - 1} message(s) of unit" in \
-                failure.what and "parameter" in failure.what:
-            failure.what += (": gathered once per step, for forward only, and kept for "
-                             "backward")
-            failure.hint = ("ZeRO-3 (FSDP's FULL_SHARD) frees each unit's parameters after "
-                            "its forward and gathers them again just before its backward: "
-                            "two AllGathers and one ReduceScatter per unit per step, 3Ψ.")
+    labelled, failure = C.counted_messages(result, case, "before", expected, what)
+    # Only count_failure's words say "message(s) of unit": this names its one case.
+    if failure and "1 ring AllGather" not in failure.what and \
+            f"{n - 1} message(s) of unit" in failure.what and "parameter" in failure.what:
+        failure.what += (": gathered once per step, for forward only, and kept for "
+                         "backward")
+        failure.hint = ("ZeRO-3 (FSDP's FULL_SHARD) frees each unit's parameters after "
+                        "its forward and gathers them again just before its backward: "
+                        "two AllGathers and one ReduceScatter per unit per step, 3Ψ.")
+    if labelled is None:
         return failure
     sizes = C.message_sizes(info, n)
     for r, t, mine in C.calls_by_step(labelled, n):
@@ -258,9 +252,7 @@ def unit_order(case, r, t, mine, names, sizes):
         return None
     return Failure(
         case.label, "an AllGather before each unit's forward and backward",
-        f"training step {t + 1}, rank {r} ran: " + ", ".join(
-            f"{'ReduceScatter' if k == 'RS' else 'AllGather'}(unit {names[u]})"
-            for k, u in mine),
+        C.ran(t, r, mine, lambda u: f"unit {names[u]}"),
         expected=f"AllGathers of units {_order(names, want_ag)}, ReduceScatters "
                  f"of units {_order(names, want_rs)}, each unit's after its "
                  f"second AllGather (messages of {sizes} bytes)",
