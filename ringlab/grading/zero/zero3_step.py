@@ -219,7 +219,8 @@ def collectives(result, case):
         return (f"unit {names[u]}'s weighted gradients" if k == "RS"
                 else f"unit {names[u]}'s parameter shards")
     labelled, failure = C.counted_messages(result, case, "before", expected, what)
-    # Only count_failure's words say "message(s) of unit": this names its one case.
+    # A unit's parameters sent N-1 times, not 2(N-1): gathered once. Only
+    # count_failure's reports say "message(s) of unit", not the one-rank or label ones.
     if failure and "1 ring AllGather" not in failure.what and \
             f"{n - 1} message(s) of unit" in failure.what and "parameter" in failure.what:
         failure.what += (": gathered once per step, for forward only, and kept for "
