@@ -43,32 +43,35 @@ def allreduce(comm, x):
     return ring_allreduce(comm, flat, out=flat).reshape(np.shape(x))
 
 
-class CopyToTensorParallelRegion(Module):
+def identity(comm, x):
+    """``x`` as it is: what f does forward and g backward."""
+    return x
+
+
+class _Conjugate(Module):
+    """An operator on the group ``comm``: ``_forward(comm, x)`` going forward,
+    ``_backward(comm, dy)``, its transpose, going backward."""
+
+    def __init__(self, comm):
+        super().__init__()
+        self.comm = comm
+
+    def forward(self, x):
+        return self._forward(self.comm, x)
+
+    def backward(self, dy):
+        return self._backward(self.comm, dy)
+
+
+# Conjugate: each is the other with forward and backward swapped.
+class CopyToTensorParallelRegion(_Conjugate):
     """Megatron's ``f``: identity forward, AllReduce backward."""
-
-    def __init__(self, comm):
-        super().__init__()
-        self.comm = comm
-
-    def forward(self, x):
-        return x
-
-    def backward(self, dy):
-        return allreduce(self.comm, dy)
+    _forward, _backward = staticmethod(identity), staticmethod(allreduce)
 
 
-class ReduceFromTensorParallelRegion(Module):
+class ReduceFromTensorParallelRegion(_Conjugate):
     """Megatron's ``g``: AllReduce forward, identity backward."""
-
-    def __init__(self, comm):
-        super().__init__()
-        self.comm = comm
-
-    def forward(self, x):
-        return allreduce(self.comm, x)
-
-    def backward(self, dy):
-        return dy
+    _forward, _backward = staticmethod(allreduce), staticmethod(identity)
 
 
 f, g = CopyToTensorParallelRegion, ReduceFromTensorParallelRegion   # the paper's names

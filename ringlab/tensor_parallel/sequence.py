@@ -43,8 +43,8 @@ import numpy as np
 
 from ..answers import answer
 from ..collectives import ring_allgather, ring_reduce_scatter
-from ..nn import Module
 from .layers import ColumnParallelLinear, RowParallelLinear
+from .operators import _Conjugate
 
 SEQ = 1     # the sequence axis of a (b, s, h) activation
 
@@ -69,32 +69,14 @@ def reduce_scatter_sequence(comm, x):
     return np.moveaxis(mine, 0, SEQ)
 
 
-class GatherFromSequenceParallelRegion(Module):
+class GatherFromSequenceParallelRegion(_Conjugate):
     """The paper's g: AllGather of the sequence forward, ReduceScatter backward."""
-
-    def __init__(self, comm):
-        super().__init__()
-        self.comm = comm
-
-    def forward(self, x):
-        return allgather_sequence(self.comm, x)
-
-    def backward(self, dy):
-        return reduce_scatter_sequence(self.comm, dy)
+    _forward, _backward = staticmethod(allgather_sequence), staticmethod(reduce_scatter_sequence)
 
 
-class ReduceScatterToSequenceParallelRegion(Module):
+class ReduceScatterToSequenceParallelRegion(_Conjugate):
     """The paper's g-bar: ReduceScatter along the sequence forward, AllGather backward."""
-
-    def __init__(self, comm):
-        super().__init__()
-        self.comm = comm
-
-    def forward(self, x):
-        return reduce_scatter_sequence(self.comm, x)
-
-    def backward(self, dy):
-        return allgather_sequence(self.comm, dy)
+    _forward, _backward = staticmethod(reduce_scatter_sequence), staticmethod(allgather_sequence)
 
 
 g, g_bar = GatherFromSequenceParallelRegion, ReduceScatterToSequenceParallelRegion  # the paper's

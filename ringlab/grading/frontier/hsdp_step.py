@@ -44,12 +44,12 @@ Part 1's collectives are tools (``USES``); ``ringlab.frontier.hsdp`` and
 ``ringlab.zero`` (the answers) are not.
 """
 
-import functools
 import re
 
 import numpy as np
 
 from ..kit.driver import callable_learner
+from ..kit.widths import measured_widths, mlp_widths, units_of
 from ..kit.report import Failure
 from ..zero import _common as C
 from ..zero import zero3_step as Z3
@@ -81,14 +81,9 @@ def causality_case(cases):
 def cases(rng):
     for (R, S), batch, layers in MESHES + (((2, 2), 9, 25),):
         n, measure = R * S, layers == 25
-        if measure:
-            # 25 units, 23 of them of 0.5 MB, as ZeRO-3's measured case: a full copy is plain.
-            sizes = [24] + [250] * (layers - 1) + [int(rng.integers(5, 8))]
-        else:
-            sizes = ([int(rng.integers(n, n + 4))] + [int(rng.integers(n + 4, n + 9))
-                                                  for _ in range(layers - 1)]
-                     + [int(rng.integers(n + 2, n + 5))])
-        units = [[f"{2 * i}.weight", f"{2 * i}.bias"] for i in range(len(sizes) - 1)]
+        # The measured case's widths are ZeRO-3's: a full copy is plain.
+        sizes = measured_widths(rng, layers) if measure else mlp_widths(rng, n, layers)
+        units = units_of(sizes)
         case = C.make_case(rng, n, batch, sizes, units, measure=measure, shards=S,
                            mesh=(R, S), label=f", mesh (replicate, shard) = ({R}, {S}), "
                            f"{len(units)} units" + (", memory measured" if measure else ""))
@@ -114,10 +109,8 @@ def _train(comm, steps, spec, learner):
 
 
 def check(program, case, backend="sim"):
-    result, failure = C.run_measured(functools.partial(_train, learner=program), case, backend)
-    if failure:
-        return explain_error(failure, case)
-    failure = C.read_outputs(result, case)
+    result, failure = C.trained(_train, program, case, backend,
+                                lambda failure: explain_error(failure, case))
     if failure:
         return failure
     # The groups first (a collective over all ranks may still give the right

@@ -6,5 +6,5 @@ reductions share),
 ``causality`` (a message carries only what its sender knew), ``deadlock``
 (diagnoses), ``apart`` (the self-check in a process of its own), ``driver``
 (what a grader's driver uses inside the ranks), ``memory`` (what a rank's
-own code allocates, measured) and ``frames`` (tracebacks without the
-grader's own lines)."""
+own code allocates, measured), ``frames`` (tracebacks without the
+grader's own lines) and ``widths`` (the hidden MLPs' layer widths)."""

@@ -7,6 +7,7 @@ with zeros at the end to a multiple of N and cut into N equal shards: the
 whole model for ZeRO-1, each bucket for ZeRO-2, each unit for ZeRO-3.
 """
 
+import functools
 import tracemalloc
 from collections import defaultdict
 
@@ -199,6 +200,18 @@ def run_measured(program, case, backend, **kw):
             tracemalloc.stop()
 
 
+def trained(train, program, case, backend, explain, **kw):
+    """Run ``train`` (the grader's rank function) with the learner's ``program``
+    on ``case``: (result, None) if it ran and every rank's outputs read, else
+    (None, the Failure; a failed run's ``explain``ed)."""
+    result, failure = run_measured(functools.partial(train, learner=program), case, backend,
+                                   **kw)
+    if failure:
+        return None, explain(failure)
+    failure = read_outputs(result, case)
+    return (None, failure) if failure else (result, None)
+
+
 # ---------------------------------------------------------------------------- outputs
 def report_problem(check, what, hint=""):
     """What a driver returns when the state it handed over is wrong after a step."""
@@ -366,6 +379,39 @@ def _whole_shard(p, info, n, ag_when):
             if np.allclose(p, shard, rtol=1e-9, atol=1e-12):
                 return q, t
     return None
+
+
+def counted_messages(result, case, ag_when, expected, what_s):
+    """(labelled messages, None) if every message is labelled (``label_messages``)
+    and each rank sent the ``expected`` calls (``count_failure``), else (None, the
+    Failure); with one rank, (None, None) if nothing was sent: nothing to check."""
+    if case.world_size == 1:
+        return None, (None if len(result.trace) == 0 else Failure(
+            case.label, "collectives: which, how many, what size",
+            f"world_size=1, yet {len(result.trace)} message(s) were sent"))
+    labelled, failure = label_messages(result, case, ag_when)
+    failure = failure or count_failure(case, labelled, expected, what_s)
+    return (None, failure) if failure else (labelled, None)
+
+
+def message_sizes(info, n):
+    """The bytes of one ring message of each segment, as the reports list them."""
+    return ", ".join(f"{p // n * 8}" for p in info["pads"])
+
+
+def calls_by_step(labelled, n):
+    """(rank, step t, ``[(kind, segment)]``: the rank's calls of step t, in order)."""
+    for r in range(n):
+        calls = calls_of(labelled.get(r, []), n)
+        for t in range(STEPS):
+            yield r, t, [(k, s) for (k, s, tt), _, _ in calls if tt == t]
+
+
+def ran(t, r, mine, name):
+    """"training step t+1, rank r ran: ReduceScatter(...), AllGather(...)" for the
+    calls ``mine`` (``calls_by_step``'s), ``name(segment)`` in the brackets."""
+    return f"training step {t + 1}, rank {r} ran: " + ", ".join(
+        f"{'ReduceScatter' if k == 'RS' else 'AllGather'}({name(s)})" for k, s in mine)
 
 
 def calls_of(labelled, n, per_call=None):

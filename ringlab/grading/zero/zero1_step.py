@@ -35,8 +35,6 @@ optimizer state on every rank would simply not report it. Why also check the
 objects: they say *which* object is wrong, and work for every case.
 """
 
-import functools
-
 import numpy as np
 
 from ..kit.report import Failure
@@ -131,10 +129,8 @@ def model_state(model, shapes, r):
 
 
 def check(program, case, backend="sim"):
-    result, failure = C.run_measured(functools.partial(_train, learner=program), case, backend)
-    if failure:
-        return explain_error(failure)
-    return (C.read_outputs(result, case) or same_on_every_rank(result, case)
+    result, failure = C.trained(_train, program, case, backend, explain_error)
+    return (failure or same_on_every_rank(result, case)
             or C.compare_params(case, result.outputs[0][1], "rank 0")
             or master_shards(result, case) or collectives(result, case)
             or memory(result, case, backend))
@@ -183,18 +179,11 @@ def master_shards(result, case):
 
 def collectives(result, case):
     n = case.world_size
-    if n == 1:
-        return None if len(result.trace) == 0 else Failure(
-            case.label, "collectives: which, how many, what size",
-            f"world_size=1, yet {len(result.trace)} message(s) were sent")
-    labelled, failure = C.label_messages(result, case, "after")
-    if failure:
-        return failure
     expected = {(k, 0, t): 1 for t in range(C.STEPS) for k in ("RS", "AG")}
     what = (lambda k, s: "the weighted gradients" if k == "RS"
             else "updated parameter shards")
-    failure = C.count_failure(case, labelled, expected, what)
-    if failure:
+    labelled, failure = C.counted_messages(result, case, "after", expected, what)
+    if labelled is None:
         return failure
     size = case.info["pads"][0] // n
     for r in range(n):

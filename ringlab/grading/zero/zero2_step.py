@@ -1,8 +1,8 @@
 """Grader for exercise ``zero2_step``: ZeRO-2, gradients sharded bucket by bucket.
 
 Signature: ``zero2_step(comm, model, opt, x, y, batch_size, loss_fn=mse, *,
-layout, flops_per_second=None)``. ``layout`` is a ``BucketLayout`` (below;
-the same attributes and methods as ``ringlab.zero.BucketShards``): DDP's
+layout, flops_per_second=None)``. ``layout`` is a ``BucketLayout`` (below: a
+``ringlab.zero.BucketShards`` over the grader's buckets): DDP's
 buckets in backward order, each zero-padded to a multiple of N and cut into
 N equal pieces, rank r owning piece r of every bucket. ``opt`` is ``Adam``
 over this rank's pieces, one after another (``layout.master_shard``).
@@ -42,17 +42,17 @@ its ReduceScatters fakes an overlap the grader cannot tell from a real one;
 the values, messages and memory it checks are still its own measurements.
 """
 
-import functools
-
 import numpy as np
 
 from ..kit.report import Failure
 from ..kit.driver import callable_learner
+from ..kit.widths import mlp_widths
 from . import _common as C
 from ._measured import measured_steps
 from .zero1_step import memory, model_state, shard_state
 from ...cost.alpha_beta import AlphaBeta
-from ...nn import Adam, FlatBuffer, mlp_model
+from ...nn import Adam, mlp_model
+from ...zero.zero2 import BucketShards
 
 NAME = "zero2_step"
 # loss_and_backward (ringlab.data_parallel.buckets) is the tool for a timed backward.
@@ -63,34 +63,12 @@ NETWORK = (1e-6, 1e-9)
 FLOPS = 1e6          # a layer's backward: ~0.1-1 ms; a ring message: ~1-2 us
 
 
-class BucketLayout:
-    """ZeRO-2's layout, as ``ringlab.zero.BucketShards`` (which submissions may not
-    call): ``names[b]`` bucket b's parameters (backward order), ``where[name]``
-    its bucket, ``numels[b]``/``padded[b]`` its numbers without/with padding,
-    ``padded_numel`` their sum; ``bucket(b, dtype)``: an empty padded
-    ``FlatBuffer`` for bucket b; ``master_shard(params, rank)``: rank's pieces
-    of all buckets, concatenated; ``pieces(shard)``: a shard cut back into them."""
+class BucketLayout(BucketShards):
+    """``ringlab.zero.BucketShards`` over the grader's own buckets ``names``
+    (lists of parameter names, in backward order)."""
 
     def __init__(self, params, world_size, names):
-        self.world_size = world_size
-        self.names = [list(b) for b in names]
-        self.shapes = {name: params[name].shape for name in params}
-        self.where = {name: b for b, names in enumerate(self.names) for name in names}
-        self.numels = [sum(params[n].size for n in names) for names in self.names]
-        self.padded = [C.padded(k, world_size) for k in self.numels]
-        self.padded_numel = sum(self.padded)
-
-    def bucket(self, b, dtype=np.float64):
-        return FlatBuffer({n: np.zeros(self.shapes[n], dtype) for n in self.names[b]},
-                          pad_to=self.world_size)
-
-    def master_shard(self, params, rank, dtype=None):
-        pieces = [FlatBuffer({n: params[n] for n in names}, pad_to=self.world_size)
-                  .shard(rank, self.world_size) for names in self.names]
-        return np.concatenate(pieces).astype(dtype or pieces[0].dtype)
-
-    def pieces(self, shard):
-        return np.split(shard, np.cumsum([p // self.world_size for p in self.padded])[:-1])
+        self._lay_out(params, world_size, [list(b) for b in names])
 
 
 def buckets_of(sizes, cap):
@@ -119,9 +97,7 @@ def cases(rng):
             # resident memory too, which ringlab grade reads from outside (memory.py).
             sizes = [400, 1000, 1000, int(rng.integers(5, 8))]
         else:
-            sizes = ([int(rng.integers(n, n + 4))] + [int(rng.integers(n + 4, n + 9))
-                                                  for _ in range(layers - 1)]
-                     + [int(rng.integers(n + 2, n + 5))])
+            sizes = mlp_widths(rng, n, layers)
         total = 8 * sum(int(np.prod(s)) for s in C.shapes_of(sizes).values())
         cap = max(8, int(total * frac))
         buckets = buckets_of(sizes, cap)
@@ -152,11 +128,8 @@ def _train(comm, steps, spec, learner):
 def check(program, case, backend="sim"):
     from .zero1_step import explain_error, same_on_every_rank
     kw = {"network": AlphaBeta(*NETWORK)} if backend == "sim" else {}
-    result, failure = C.run_measured(functools.partial(_train, learner=program), case,
-                                     backend, **kw)
-    if failure:
-        return explain_error(failure)
-    return (C.read_outputs(result, case) or same_on_every_rank(result, case)
+    result, failure = C.trained(_train, program, case, backend, explain_error, **kw)
+    return (failure or same_on_every_rank(result, case)
             or C.compare_params(case, result.outputs[0][1], "rank 0")
             or master_pieces(result, case) or collectives(result, case)
             or (overlap(result, case) if backend == "sim" else None)
@@ -178,40 +151,28 @@ def master_pieces(result, case):
 
 def collectives(result, case):
     n, info = case.world_size, case.info
-    if n == 1:
-        return None if len(result.trace) == 0 else Failure(
-            case.label, "collectives: which, how many, what size",
-            f"world_size=1, yet {len(result.trace)} message(s) were sent")
-    labelled, failure = C.label_messages(result, case, "after")
-    if failure:
-        return failure
     nb = len(info["segments"])
     expected = {(k, b, t): 1 for t in range(C.STEPS) for b in range(nb) for k in ("RS", "AG")}
 
     def what(k, b):
         return (f"bucket {b}'s weighted gradients" if k == "RS"
                 else f"bucket {b}'s updated parameter pieces")
-    failure = C.count_failure(case, labelled, expected, what)
-    if failure:
+    labelled, failure = C.counted_messages(result, case, "after", expected, what)
+    if labelled is None:
         return failure
-    sizes = ", ".join(f"{p // n * 8}" for p in info["pads"])
-    for r in range(n):
-        calls = C.calls_of(labelled.get(r, []), n)
-        for t in range(C.STEPS):
-            mine = [(k, b) for (k, b, tt), _, _ in calls if tt == t]
-            rs = [b for k, b in mine if k == "RS"]
-            first_ag = next((i for i, (k, _) in enumerate(mine) if k == "AG"), len(mine))
-            if rs != list(range(nb)) or any(k == "RS" for k, _ in mine[first_ag:]):
-                return Failure(
-                    case.label, "one ReduceScatter per bucket, in order, then the AllGathers",
-                    f"training step {t + 1}, rank {r} ran: " + ", ".join(
-                        f"{'ReduceScatter' if k == 'RS' else 'AllGather'}(bucket {b})"
-                        for k, b in mine),
-                    expected=f"ReduceScatters of buckets 0..{nb - 1} in that order (messages "
-                             f"of {sizes} bytes), all before the first AllGather",
-                    hint="Start each bucket's ReduceScatter as soon as its last gradient is "
-                         "in it, in bucket order (layout.names: the order backward fills "
-                         "them), the same on every rank; AllGather after opt.step.")
+    sizes = C.message_sizes(info, n)
+    for r, t, mine in C.calls_by_step(labelled, n):
+        rs = [b for k, b in mine if k == "RS"]
+        first_ag = next((i for i, (k, _) in enumerate(mine) if k == "AG"), len(mine))
+        if rs != list(range(nb)) or any(k == "RS" for k, _ in mine[first_ag:]):
+            return Failure(
+                case.label, "one ReduceScatter per bucket, in order, then the AllGathers",
+                C.ran(t, r, mine, lambda b: f"bucket {b}"),
+                expected=f"ReduceScatters of buckets 0..{nb - 1} in that order (messages "
+                         f"of {sizes} bytes), all before the first AllGather",
+                hint="Start each bucket's ReduceScatter as soon as its last gradient is "
+                     "in it, in bucket order (layout.names: the order backward fills "
+                     "them), the same on every rank; AllGather after opt.step.")
     for r in range(n):
         for label, e in labelled.get(r, []):
             if label[0] == "RS" and e.stream == 0:

@@ -36,12 +36,11 @@ Checks, on hidden models, world sizes 1 to 8, unequal shards:
    them, fails here even with the right collectives in the right order.
 """
 
-import functools
-
 import numpy as np
 
 from ..kit.report import Failure
 from ..kit.driver import callable_learner
+from ..kit.widths import measured_widths, mlp_widths, units_of
 from . import _common as C
 from ._measured import measured_steps, resident_loaded, resident_marks, resident_peak
 from .zero1_step import SLACK
@@ -109,15 +108,8 @@ def cases(rng):
     for n, batch, layers, measure in ((4, 10, 3, False), (2, 5, 2, False), (3, 7, 4, False),
                                       (1, 4, 2, False), (8, 12, 2, False), (5, 9, 3, False),
                                       (4, 9, 25, True)):
-        if measure:
-            # 24 units of 0.5 MB: the whole model (12 MB) is plain next to one
-            # unit in the process's resident memory too (ringlab grade, memory.py).
-            sizes = [24] + [250] * (layers - 1) + [int(rng.integers(5, 8))]
-        else:
-            sizes = ([int(rng.integers(n, n + 4))] + [int(rng.integers(n + 4, n + 9))
-                                                  for _ in range(layers - 1)]
-                     + [int(rng.integers(n + 2, n + 5))])
-        units = [[f"{2 * i}.weight", f"{2 * i}.bias"] for i in range(len(sizes) - 1)]
+        sizes = measured_widths(rng, layers) if measure else mlp_widths(rng, n, layers)
+        units = units_of(sizes)
         case = C.make_case(rng, n, batch, sizes, units, measure=measure,
                            label=f", {len(units)} units" + (", memory measured" if measure
                                                             else ""))
@@ -185,10 +177,8 @@ def state(model, opt, shards, t, r, stage="ZeRO-3", share="1/N"):
 
 
 def check(program, case, backend="sim"):
-    result, failure = C.run_measured(functools.partial(_train, learner=program), case, backend)
-    if failure:
-        return explain_error(failure)
-    return (C.read_outputs(result, case) or params(result, case)
+    result, failure = C.trained(_train, program, case, backend, explain_error)
+    return (failure or params(result, case)
             or collectives(result, case) or memory(result, case, backend))
 
 
@@ -218,13 +208,6 @@ def params(result, case):
 
 def collectives(result, case):
     n, info = case.world_size, case.info
-    if n == 1:
-        return None if len(result.trace) == 0 else Failure(
-            case.label, "collectives: which, how many, what size",
-            f"world_size=1, yet {len(result.trace)} message(s) were sent")
-    labelled, failure = C.label_messages(result, case, "before")
-    if failure:
-        return failure
     units = len(info["segments"])
     names = [s[0].split(".")[0] for s in info["segments"]]
     expected = {}
@@ -235,24 +218,23 @@ def collectives(result, case):
     def what(k, u):
         return (f"unit {names[u]}'s weighted gradients" if k == "RS"
                 else f"unit {names[u]}'s parameter shards")
-    failure = C.count_failure(case, labelled, expected, what)
-    if failure:
-        if "1 ring AllGather" not in failure.what and f"{n - 1} message(s) of unit" in \
-                failure.what and "parameter" in failure.what:
-            failure.what += (": gathered once per step, for forward only, and kept for "
-                             "backward")
-            failure.hint = ("ZeRO-3 (FSDP's FULL_SHARD) frees each unit's parameters after "
-                            "its forward and gathers them again just before its backward: "
-                            "two AllGathers and one ReduceScatter per unit per step, 3Ψ.")
+    labelled, failure = C.counted_messages(result, case, "before", expected, what)
+    # A unit's parameters sent N-1 times, not 2(N-1): gathered once. Only
+    # count_failure's reports say "message(s) of unit", not the one-rank or label ones.
+    if failure and "1 ring AllGather" not in failure.what and \
+            f"{n - 1} message(s) of unit" in failure.what and "parameter" in failure.what:
+        failure.what += (": gathered once per step, for forward only, and kept for "
+                         "backward")
+        failure.hint = ("ZeRO-3 (FSDP's FULL_SHARD) frees each unit's parameters after "
+                        "its forward and gathers them again just before its backward: "
+                        "two AllGathers and one ReduceScatter per unit per step, 3Ψ.")
+    if labelled is None:
         return failure
-    sizes = ", ".join(f"{p // n * 8}" for p in info["pads"])
-    for r in range(n):
-        calls = C.calls_of(labelled.get(r, []), n)
-        for t in range(C.STEPS):
-            mine = [(k, u) for (k, u, tt), _, _ in calls if tt == t]
-            failure = unit_order(case, r, t, mine, names, sizes)
-            if failure:
-                return failure
+    sizes = C.message_sizes(info, n)
+    for r, t, mine in C.calls_by_step(labelled, n):
+        failure = unit_order(case, r, t, mine, names, sizes)
+        if failure:
+            return failure
     return None
 
 
@@ -271,9 +253,7 @@ def unit_order(case, r, t, mine, names, sizes):
         return None
     return Failure(
         case.label, "an AllGather before each unit's forward and backward",
-        f"training step {t + 1}, rank {r} ran: " + ", ".join(
-            f"{'ReduceScatter' if k == 'RS' else 'AllGather'}(unit {names[u]})"
-            for k, u in mine),
+        C.ran(t, r, mine, lambda u: f"unit {names[u]}"),
         expected=f"AllGathers of units {_order(names, want_ag)}, ReduceScatters "
                  f"of units {_order(names, want_rs)}, each unit's after its "
                  f"second AllGather (messages of {sizes} bytes)",
