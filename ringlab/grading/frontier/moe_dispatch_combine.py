@@ -489,44 +489,43 @@ def _bad_tokens(case, plan, ev, ids, head, expected, used):
     want, n = plan.tokens[s][d], len(plan.x[s])
     extra, missing = _minus(ids, want), _minus(want, ids)
     got = f"tokens {sorted(ids)}"
+
+    def fail(rule, what, hint):
+        return Failure(case.label, rule, head + what, expected=expected, got=got, hint=hint)
+
     if (s, d, "tokens") in used:
-        return Failure(case.label, "one message of tokens per pair of ranks",
-                       head + f"a second message of tokens ({len(ids)} rows)",
-                       expected=expected, got=got,
-                       hint="Send all of rank d's rows in one message (expert by expert): "
-                            "one AlltoAll of uneven sizes, not one per expert or per token.")
+        return fail("one message of tokens per pair of ranks",
+                    f"a second message of tokens ({len(ids)} rows)",
+                    "Send all of rank d's rows in one message (expert by expert): "
+                    "one AlltoAll of uneven sizes, not one per expert or per token.")
     dropped = [(t, i) for t, i in case.info["dropped"][s] if t in extra and i in plan.owned(d)]
     if dropped:
         (u, i), = dropped[:1]
-        return Failure(case.label, "dropped tokens are not sent",
-                       head + f"token {u}, whose assignment to expert {i} was "
-                              f"dropped by the capacity (its gate is 0)",
-                       expected=expected, got=got,
-                       hint="A token over its expert's capacity is dropped: its gate for "
-                            "that expert is 0. Route by the nonzero gates, not by the "
-                            "k largest (np.argsort): a dropped token does not travel.")
+        return fail("dropped tokens are not sent",
+                    f"token {u}, whose assignment to expert {i} was "
+                    f"dropped by the capacity (its gate is 0)",
+                    "A token over its expert's capacity is dropped: its gate for "
+                    "that expert is 0. Route by the nonzero gates, not by the "
+                    "k largest (np.argsort): a dropped token does not travel.")
     if sorted(ids) == list(range(n)) and n > len(want):
-        return Failure(case.label, "no token goes to a rank that does not hold its expert",
-                       head + f"all its {n} tokens: only {len(want)} go to rank {d}'s experts",
-                       expected=expected, got=got,
-                       hint="Sending every token to every rank (a broadcast, or an AllGather) "
-                            "moves e times the bytes. Send rank d only the tokens whose "
-                            "gates for rank d's experts are nonzero.")
+        return fail("no token goes to a rank that does not hold its expert",
+                    f"all its {n} tokens: only {len(want)} go to rank {d}'s experts",
+                    "Sending every token to every rank (a broadcast, or an AllGather) "
+                    "moves e times the bytes. Send rank d only the tokens whose "
+                    "gates for rank d's experts are nonzero.")
     if extra:
         u = extra[0]
         goes = [int(i) for i in np.flatnonzero(plan.gates[s][u])]
-        return Failure(case.label, "no token goes to a rank that does not hold its expert",
-                       head + f"token {u}, which goes to expert(s) {goes} only, none of them "
-                              f"on rank {d}",
-                       expected=expected, got=got,
-                       hint="Rank d holds experts d*E/e .. (d+1)*E/e - 1: send it exactly the "
-                            "tokens with a nonzero gate for one of those.")
-    return Failure(case.label, "one message of tokens per pair of ranks",
-                   head + f"{len(ids)} of the {len(want)} rows routed to its experts: "
-                          f"token {missing[0]} is not in it",
-                   expected=expected, got=got,
-                   hint="Put every row for rank d in one message, expert by expert (a token "
-                        "that goes to two of rank d's experts is sent twice, once for each).")
+        return fail("no token goes to a rank that does not hold its expert",
+                    f"token {u}, which goes to expert(s) {goes} only, none of them "
+                    f"on rank {d}",
+                    "Rank d holds experts d*E/e .. (d+1)*E/e - 1: send it exactly the "
+                    "tokens with a nonzero gate for one of those.")
+    return fail("one message of tokens per pair of ranks",
+                f"{len(ids)} of the {len(want)} rows routed to its experts: "
+                f"token {missing[0]} is not in it",
+                "Put every row for rank d in one message, expert by expert (a token "
+                "that goes to two of rank d's experts is sent twice, once for each).")
 
 
 def _minus(a, b):
