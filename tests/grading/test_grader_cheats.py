@@ -237,14 +237,9 @@ def a2a_always_equal_slots(comm, blocks):
 
 
 def r2a_shared_memory(comm, blocks):
-    """Neighbours' blocks by message, the rest from a shared dict."""
-    n, r, right, left = ring(comm)
-    SHARED[r] = [b.copy() for b in blocks]
-    comm.barrier()
-    if n == 1:
-        return [blocks[0]]
-    got = comm.sendrecv(blocks[right], right, left)
-    return [blocks[r] if s == r else got if s == left else SHARED[s][r] for s in range(n)]
+    """Neighbours' blocks by message, the rest from a shared dict: the same
+    program as alltoall's cheat, given to ring_alltoall's grader."""
+    return a2a_one_block_sent_rest_shared(comm, blocks)
 
 
 def r2a_negated_passengers(comm, blocks):
