@@ -157,24 +157,40 @@ def test_grade_time_and_not_implemented():
 
 # -- the grader: wrong programs ------------------------------------------------------------------
 
+def first_sends(comm, task):
+    """How the wrong servers below start: the initial parameters to every worker
+    (all read version 0). Returns (params, log, read, issued)."""
+    params, read = task.init.copy(), {}
+    for w in range(1, comm.world_size):
+        read[w] = 0
+        comm.send(params, w)
+    return params, [], read, len(read)
+
+
+def reply_or_stop(comm, task, w, params, read, issued, version):
+    """Worker w's next parameters (it reads ``version``) while fewer than
+    ``task.updates`` are handed out, else STOP (an empty message); returns
+    how many are handed out now."""
+    if issued < task.updates:
+        read[w] = version
+        comm.send(params, w)
+        return issued + 1
+    comm.send(np.empty(0), w)
+    return issued
+
+
 def round_robin(comm, task, s):
     """Waits for worker 1, then 2, ...: applies in rank order, not arrival order."""
-    params, log, read, issued = task.init.copy(), [], {}, 0
+    params, log, read, issued = first_sends(comm, task)
     active = list(range(1, comm.world_size))
-    for w in active:
-        read[w], issued = 0, issued + 1
-        comm.send(params, w)
     while active:
         for w in list(active):
             grad = comm.recv(w)                       # BUG: not whoever is first
             log.append((w, read[w]))
             params -= task.lr * grad
-            if issued < task.updates:
-                read[w], issued = len(log), issued + 1
-                comm.send(params, w)
-            else:
-                comm.send(np.empty(0), w)
+            if issued >= task.updates:                # w gets STOP now
                 active.remove(w)
+            issued = reply_or_stop(comm, task, w, params, read, issued, len(log))
     return params, log
 
 
@@ -221,64 +237,48 @@ def with_server(server):
 
 def reply_first(comm, task, s):
     """Replies with the parameters before applying the gradient that just arrived."""
-    params, log, read, issued = task.init.copy(), [], {}, 0
-    for w in range(1, comm.world_size):
-        read[w], issued = 0, issued + 1
-        comm.send(params, w)
+    params, log, read, issued = first_sends(comm, task)
     while len(log) < issued:
         w, grad = comm.recv_any()
         log.append((w, read[w]))
-        if issued < task.updates:                     # BUG: replies first ...
-            read[w], issued = len(log) - 1, issued + 1
-            comm.send(params, w)
-        else:
-            comm.send(np.empty(0), w)
+        # BUG: replies first ...
+        issued = reply_or_stop(comm, task, w, params, read, issued, len(log) - 1)
         params -= task.lr * grad                      # ... applies after
     return params, log
 
 
+def next_pair(comm, log, issued):
+    """The next two arrivals, (w, grad) each, or the last one alone."""
+    got = [comm.recv_any()]
+    if len(log) + 1 < issued:
+        got.append(comm.recv_any())
+    return got
+
+
 def swaps_pairs(comm, task, s):
     """Receives with recv_any, but applies each pair of arrivals the other way round."""
-    params, log, read, issued = task.init.copy(), [], {}, 0
-    for w in range(1, comm.world_size):
-        read[w], issued = 0, issued + 1
-        comm.send(params, w)
+    params, log, read, issued = first_sends(comm, task)
     while len(log) < issued:
-        got = [comm.recv_any()]
-        if len(log) + 1 < issued:
-            got.append(comm.recv_any())
+        got = next_pair(comm, log, issued)
         for w, grad in reversed(got):                 # BUG: the later one first
             log.append((w, read[w]))
             params -= task.lr * grad
         for w, _ in got:
-            if issued < task.updates:
-                read[w], issued = len(log), issued + 1
-                comm.send(params, w)
-            else:
-                comm.send(np.empty(0), w)
+            issued = reply_or_stop(comm, task, w, params, read, issued, len(log))
     return params, log
 
 
 def swaps_pairs_quietly(comm, task, s):
     """Swaps pairs too, but logs them in arrival order, as if it did not."""
-    params, log, read, issued = task.init.copy(), [], {}, 0
-    for w in range(1, comm.world_size):
-        read[w], issued = 0, issued + 1
-        comm.send(params, w)
+    params, log, read, issued = first_sends(comm, task)
     while len(log) < issued:
-        got = [comm.recv_any()]
-        if len(log) + 1 < issued:
-            got.append(comm.recv_any())
+        got = next_pair(comm, log, issued)
         for w, _ in got:
             log.append((w, read[w]))
         for w, grad in reversed(got):                 # BUG: the later one first
             params -= task.lr * grad
         for w, _ in got:
-            if issued < task.updates:
-                read[w], issued = len(log), issued + 1
-                comm.send(params, w)
-            else:
-                comm.send(np.empty(0), w)
+            issued = reply_or_stop(comm, task, w, params, read, issued, len(log))
     return params, log
 
 
