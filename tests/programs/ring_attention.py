@@ -37,17 +37,22 @@ def _merge(out, lse, out_b, lse_b):
     return (np.exp(lse - safe)[..., None] * out + np.exp(lse_b - safe)[..., None] * out_b), new
 
 
+def _attend(out, lse, q, kv, r, origin, causal):
+    """(out, lse) with rank ``origin``'s K/V block merged in; unchanged where
+    causal and that block lies wholly after rank r's queries."""
+    if causal and origin > r:
+        return out, lse
+    n = q.shape[2]
+    q_pos, k_pos = np.arange(r * n, (r + 1) * n), np.arange(origin * n, (origin + 1) * n)
+    return _merge(out, lse, *_block(q, kv[0], kv[1], q_pos, k_pos, causal))
+
+
 def solution(comm, q, k, v, causal):
     """The notebook's: K and V stacked, passed right, merged with the lse rule."""
     c, r = comm.world_size, comm.rank
-    n = q.shape[2]
-    q_pos = np.arange(r * n, (r + 1) * n)
     kv, out, lse = np.stack([k, v]), None, None
     for t in range(c):
-        origin = (r - t) % c
-        k_pos = np.arange(origin * n, (origin + 1) * n)
-        if not causal or origin <= r:
-            out, lse = _merge(out, lse, *_block(q, kv[0], kv[1], q_pos, k_pos, causal))
+        out, lse = _attend(out, lse, q, kv, r, (r - t) % c, causal)
         if t < c - 1:
             kv = comm.sendrecv(kv, (r + 1) % c, (r - 1) % c)
     return out
@@ -84,16 +89,11 @@ def flash_left(comm, q, k, v, causal):
 def overlapped(comm, q, k, v, causal):
     """The next block's hop started on the communication stream before this block's compute."""
     c, r = comm.world_size, comm.rank
-    n = q.shape[2]
-    q_pos = np.arange(r * n, (r + 1) * n)
     kv, out, lse = np.stack([k, v]), None, None
     for t in range(c):
-        origin = (r - t) % c
         hop = (comm.start(lambda cm, blk: cm.sendrecv(blk, (r + 1) % c, (r - 1) % c), kv)
                if t < c - 1 else None)
-        k_pos = np.arange(origin * n, (origin + 1) * n)
-        if not causal or origin <= r:
-            out, lse = _merge(out, lse, *_block(q, kv[0], kv[1], q_pos, k_pos, causal))
+        out, lse = _attend(out, lse, q, kv, r, (r - t) % c, causal)
         if hop is not None:
             kv = hop.wait()
     return out
