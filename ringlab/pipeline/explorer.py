@@ -23,8 +23,8 @@ from fractions import Fraction
 
 from ..show.packed import element_id, pack, unpack_js
 from .bubble import of_total
-from .drawing import PALETTE, SHADES, pipeline_boxes
-from .panel import SCHEDULES, simulate
+from .drawing import PALETTE, _shade, pipeline_boxes
+from .panel import SCHEDULES, _pct, simulate
 
 KINDS = "FBW"
 # Every action's time is a whole number of 1/TICKS: t = 1 split into v = 2, 3 or
@@ -32,23 +32,10 @@ KINDS = "FBW"
 TICKS = 12
 
 
-def _pct(x):
-    return f"{100 * float(x):.1f}%"
-
-
 def _colours():
-    """The drawing's colour of each (microbatch colour, kind), as #rrggbb."""
-    from matplotlib.colors import to_hex, to_rgb
-    out = []
-    for colour in PALETTE:
-        rgb = to_rgb(colour)
-        row = []
-        for kind in KINDS:
-            towards, amount = SHADES[kind]
-            target = rgb if towards is None else to_rgb(towards)
-            row.append(to_hex([c + (t - c) * amount for c, t in zip(rgb, target)]))
-        out.append(row)
-    return out
+    """``drawing.plot_pipeline``'s colour of each (microbatch colour, kind), as #rrggbb."""
+    from matplotlib.colors import to_hex
+    return [[to_hex(_shade(colour, kind)) for kind in KINDS] for colour in PALETTE]
 
 
 def _ticks(x):

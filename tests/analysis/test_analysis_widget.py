@@ -6,13 +6,12 @@ import base64
 import gzip
 import html
 import json
-import time
 
 import pytest
 
 from ringlab.analysis import Layout, analyze, presets
 from ringlab.analysis import explorer as aw
-from support.chromium import CHROMIUM, DRIVER, headless_chromium
+from support.chromium import CHROMIUM, DRIVER, headless_chromium, open_snippet, severe
 
 GPT3, A100 = presets.MODELS["gpt3-175b"], presets.HARDWARE["dgx-a100"]
 
@@ -62,23 +61,15 @@ def test_explorer_holds_every_layout():
 def test_explorer_in_a_browser(tmp_path):
     from selenium.webdriver.support.ui import Select
     ex = aw.explorer()
-    page = tmp_path / "explorer.html"
-    page.write_text(f"<!DOCTYPE html><html><body>{ex.html()}</body></html>", encoding="utf-8")
     driver = headless_chromium(tmp_path / "profile")
     try:
-        driver.get(page.as_uri())
-        end = time.monotonic() + 10
-        while not driver.execute_script(
-                "return document.querySelector('.ringlab-analysis').dataset.ready"):
-            assert time.monotonic() < end, "the explorer never became ready"
-            time.sleep(0.05)
-        pre = driver.find_element("css selector", ".ringlab-analysis pre")
+        pre = open_snippet(driver, tmp_path, ex.html(), ".ringlab-analysis").find_element(
+            "css selector", "pre")
         assert pre.text == ex.texts[ex.default]
         for key, value in (("tp", "16"), ("sp", "1"), ("recompute", "full")):
             Select(driver.find_element("css selector", f"select[data-key={key}]")
                    ).select_by_value(value)
         assert pre.text == ex.texts["16,4,1,1,full"]
-        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
-        assert not errors, errors
+        assert not severe(driver), severe(driver)
     finally:
         driver.quit()

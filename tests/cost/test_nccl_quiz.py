@@ -8,7 +8,7 @@ import pytest
 
 from ringlab.cost import nccl
 from ringlab.cost.nccl_quiz import quiz, reveal, size_label, static_quiz
-from support.chromium import CHROMIUM, DRIVER, headless_chromium
+from support.chromium import CHROMIUM, DRIVER, headless_chromium, severe
 
 
 def test_size_labels():
@@ -77,6 +77,6 @@ def test_static_quiz_in_a_browser(tmp_path):
         best = nccl.choose(1 << 30, 4, 8)
         assert f"picks {best.algorithm}/{best.protocol}" in answer.text
         assert "Your guess is right" in answer.text
-        assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert not severe(driver)
     finally:
         driver.quit()

@@ -3,11 +3,10 @@ packed run is the simulator's run of that schedule, its text the measured bubble
 and the closed form of Narayanan et al. / Qi et al., and impossible settings
 say why."""
 
-import time
 from fractions import Fraction
 
 import pytest
-from support.chromium import CHROMIUM, DRIVER, headless_chromium
+from support.chromium import CHROMIUM, DRIVER, headless_chromium, open_snippet, severe
 
 from ringlab.pipeline import bubble
 from ringlab.pipeline.drawing import pipeline_boxes
@@ -83,17 +82,10 @@ def test_explorer_in_a_browser(tmp_path):
     the picked run's, the bubble shrinks as m grows, v only counts when interleaved."""
     from selenium.webdriver.support.ui import Select
     ex = PipelineExplorer(ps=(2, 4), ms=(4, 8, 16), vs=(2, 4))
-    page = tmp_path / "explorer.html"
-    page.write_text(f"<!DOCTYPE html><html><body>{ex.html()}</body></html>", encoding="utf-8")
     driver = headless_chromium(tmp_path / "profile", "--window-size=1400,900")
     try:
-        driver.get(page.as_uri())
-        end = time.monotonic() + 10
-        while not driver.execute_script(
-                "return document.querySelector('.ringlab-pipeline').dataset.ready"):
-            assert time.monotonic() < end, "the explorer never became ready"
-            time.sleep(0.05)
-        pre = driver.find_element("css selector", ".ringlab-pipeline pre")
+        pre = open_snippet(driver, tmp_path, ex.html(), ".ringlab-pipeline").find_element(
+            "css selector", "pre")
 
         def shown(key):
             run = ex.runs[key]
@@ -131,7 +123,6 @@ def test_explorer_in_a_browser(tmp_path):
         height = driver.execute_script(
             "return document.querySelector('.ringlab-pipeline').getBoundingClientRect().height")
         assert height < 757                                        # one screen, controls too
-        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
-        assert not errors, errors
+        assert not severe(driver), severe(driver)
     finally:
         driver.quit()

@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import time
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run")
@@ -20,3 +21,22 @@ def headless_chromium(profile, *flags, console=True):
     if console:
         opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(service=Service(executable_path=DRIVER), options=opts)
+
+
+def severe(driver):
+    """The console's SEVERE entries: uncaught exceptions and console.error calls."""
+    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def open_snippet(driver, folder, snippet, ready, timeout=10.0):
+    """Put the HTML ``snippet`` in a page in ``folder``, open it, and wait until the element
+    the CSS selector ``ready`` picks is marked data-ready by its script. Returns it."""
+    page = folder / "snippet.html"
+    page.write_text(f"<!DOCTYPE html><html><body>{snippet}</body></html>", encoding="utf-8")
+    driver.get(page.as_uri())
+    end = time.monotonic() + timeout
+    while not driver.execute_script(
+            "return document.querySelector(arguments[0]).dataset.ready", ready):
+        assert time.monotonic() < end, f"{ready} never became ready"
+        time.sleep(0.05)
+    return driver.find_element("css selector", ready)
