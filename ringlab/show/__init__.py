@@ -1,5 +1,6 @@
 """Ways to look at a trace: ``views`` (holdings tables), ``figures`` (matplotlib),
-``timeline`` (per-rank Gantt charts and the Perfetto export), ``memory`` (what each
+``timeline`` (per-rank Gantt charts and the Perfetto export), ``ownership`` (who holds
+which part of each tensor: the picture a strategy starts from), ``memory`` (what each
 rank holds over time, from ``comm.alloc``/``free``), ``player`` (the
 interactive offline player) and ``widgets`` (live panels in a notebook).
 
