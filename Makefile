@@ -18,6 +18,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; fi
 	$(BIN)/python -m pip install -e '.[test,book,torch]'
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	@# Every kernel here draws figures in the book's style and records their smallest text
+	@# (ringlab/show/style.py), which the shape check on the built book measures.
+	mkdir -p $(VENV)/etc/ipython
+	echo 'c.InteractiveShellApp.extensions = ["ringlab.show.style"]' \
+		> $(VENV)/etc/ipython/ipython_kernel_config.py
 	touch $(STAMP)
 
 book: $(STAMP)

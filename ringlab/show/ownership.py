@@ -35,7 +35,7 @@ from .memory import KNOWN
 KINDS = {"parameters": KNOWN["params"], "gathered": KNOWN["params.full"],
          "gradients": KNOWN["grads"], "optimizer": KNOWN["adam.m"],
          "activations": KNOWN["activations"], "data": "#17becf", "master": KNOWN["master"]}
-FONT = 11            # points: every text in the figure at least this (the body text's size)
+FONT = 12            # points: 16.7 px at 100 dpi, above the body text (ringlab.show.style)
 
 
 @dataclass(frozen=True)

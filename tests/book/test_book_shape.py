@@ -35,10 +35,13 @@ import os
 import re
 import time
 import unicodedata
+import urllib.parse
 from pathlib import Path
 
+import PIL.Image
 import pytest
 
+from ringlab.show import style
 from support.chromium import CHROMIUM, DRIVER, headless_chromium
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -309,6 +312,21 @@ def figure_scales(driver):
         "i => i.naturalWidth > 0).map(i => [i.src, i.clientWidth / i.naturalWidth])")]
 
 
+def smallest_texts(driver):
+    """(file, CSS px of its smallest text on the page, or None) of every figure in
+    the page's cell outputs: the points the kernel wrote into the PNG
+    (ringlab.show.style) at the file's dpi, times the figure's shown scale."""
+    found = []
+    for src, shown in driver.execute_script(
+            "return Array.from(document.querySelectorAll('.cell_output img')).filter("
+            "i => i.naturalWidth > 0).map(i => [i.src, i.clientWidth])"):
+        with PIL.Image.open(Path(urllib.parse.urlparse(urllib.parse.unquote(src)).path)) as im:
+            pt, dpi = im.text.get(style.KEY), im.info.get("dpi", (72, 72))[0]
+            px = float(pt) * dpi / 72 * shown / im.width if pt else None
+        found.append((src.rsplit("/", 1)[-1], None if px is None else round(px, 1)))
+    return found
+
+
 def panel_heights(driver):
     """(class, height in px) of every player, explorer and quiz on the page."""
     return [tuple(p) for p in driver.execute_script(
@@ -321,14 +339,17 @@ def panel_heights(driver):
                     reason="needs Debian's chromium and chromium-driver")
 def test_chapters_are_at_most_twelve_screens(window):
     assert window.execute_script("return [window.innerWidth, window.innerHeight]") == list(WINDOW)
-    heights, panels, scales = {}, {}, {}
+    heights, panels, scales, texts = {}, {}, {}, {}
     for md in chapters():
         heights[md] = rendered_height(window, Path(BOOK_HTML) / f"{md}.html")
         panels[md] = panel_heights(window)
         scales[md] = figure_scales(window)
+        texts[md] = smallest_texts(window)
     report = "\n".join(f"{md:<32} {h:>7,} px = {h / WINDOW[1]:5.1f} screens"
                        for md, h in heights.items())
     print(f"\nrendered heights at {WINDOW[0]} x {WINDOW[1]}, folded content closed:\n{report}")
+    print("smallest figure text on the page, px:\n" + "\n".join(
+        f"{md:<32} {sorted((px or 0) for _, px in found)}" for md, found in texts.items()))
     over = {md for md, h in heights.items() if h > MAX_SCREENS * WINDOW[1]}
     fixed = sorted(md for md, checks in PENDING.items() if "height" in checks and md not in over)
     assert not fixed, f"these now pass: remove 'height' from PENDING: {fixed}\n{report}"

@@ -1,0 +1,74 @@
+"""The book's figure style, and the measure that keeps figure text readable.
+
+A figure's words must be as large on the page as the words around it: the
+book's body text is 16 px (the theme's 1 rem), and a matplotlib figure drawn at
+100 dpi shows a ``p``-point text at ``p * 100 / 72`` px times the scale the page
+shrinks it by. So the book's kernel (``make`` installs the setting, see the
+Makefile) loads this module as an IPython extension, which
+
+* sets ``RC``: 12-point text, 16.7 px at full size;
+* draws every figure's PNG itself, writing into the file the size of the
+  smallest text the figure shows (a PNG text chunk, ``KEY``), so that the shape
+  check on the built book can measure each figure's smallest text on screen
+  (its points x dpi / 72 x its shown scale) without running it again.
+
+    >>> import matplotlib; matplotlib.use("Agg")
+    >>> import matplotlib.pyplot as plt
+    >>> fig, ax = plt.subplots()
+    >>> _ = ax.set_title("twelve", fontsize=12); _ = ax.text(0.5, 0.5, "tiny", fontsize=7)
+    >>> smallest_text_pt(fig)
+    7.0
+    >>> import io, PIL.Image
+    >>> PIL.Image.open(io.BytesIO(png(fig))).text[KEY]
+    '7'
+"""
+
+from __future__ import annotations
+
+import matplotlib
+from matplotlib.text import Text
+
+BODY_PX = 16                  # the book's body text, in CSS pixels
+KEY = "ringlab:smallest-text-pt"
+RC = {"font.size": 12, "axes.titlesize": 12, "axes.labelsize": 12, "xtick.labelsize": 12,
+      "ytick.labelsize": 12, "legend.fontsize": 12, "legend.title_fontsize": 12,
+      "figure.titlesize": 13}
+
+
+def _drawn(text, renderer):
+    """Whether ``text`` puts ink on the figure: visible, not empty, not clipped away."""
+    if not (text.get_visible() and text.get_text().strip()):
+        return False
+    if text.get_alpha() == 0:
+        return False
+    box = text.get_window_extent(renderer)
+    if box.width == 0 or box.height == 0:
+        return False
+    clip = text.get_clip_box() if text.get_clip_on() else None
+    return clip is None or box.overlaps(clip)
+
+
+def smallest_text_pt(fig):
+    """The font size, in points, of the smallest text ``fig`` shows (None if none)."""
+    renderer = fig.canvas.get_renderer()
+    fig.draw_without_rendering()                  # places tick labels and legends
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if _drawn(t, renderer)]
+    return min(sizes) if sizes else None
+
+
+def png(fig):
+    """The figure as PNG bytes, as the notebook shows it (tight box, the figure's
+    dpi), with its smallest text size written under ``KEY``."""
+    from IPython.core.pylabtools import print_figure
+    pt = smallest_text_pt(fig)
+    return print_figure(fig, "png", metadata={KEY: "" if pt is None else f"{pt:g}"})
+
+
+def load_ipython_extension(ip):
+    """Use the book's style in this kernel and show figures through ``png``."""
+    from matplotlib.figure import Figure
+    # Importing the inline backend sets it up in this kernel, with its PNG
+    # formatter, once (it does not set it up again): ours then replaces it.
+    import matplotlib_inline.backend_inline  # noqa: F401
+    matplotlib.rcParams.update(RC)
+    ip.display_formatter.formatters["image/png"].for_type(Figure, png)
