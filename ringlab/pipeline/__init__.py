@@ -11,6 +11,8 @@ activations and gradients.
   ``run_pipeline`` (every rank, on the simulator or real processes).
 * ``bubble``: the bubble, peak activations and message counts, measured from a
   trace and in closed form.
+* ``ownership``: who holds which layers, the batch and the activations, from
+  the stage split, for the chapters' pictures (``ringlab.show.ownership``).
 """
 
 from .actions import Action, format_schedule, needs, parse, sends, stage_rank
