@@ -33,8 +33,10 @@ from .memory import KNOWN
 
 # What a piece is, and its colour; the Part 5 colours are the memory figures' own.
 KINDS = {"parameters": KNOWN["params"], "gathered": KNOWN["params.full"],
-         "gradients": KNOWN["grads"], "optimizer": KNOWN["adam.m"],
+         "gradients": KNOWN["grads"], "full gradients": KNOWN["grads.full"],
+         "optimizer": KNOWN["adam.m"],
          "activations": KNOWN["activations"], "data": "#17becf", "master": KNOWN["master"]}
+LIGHT = {"gathered", "full gradients"}     # kinds whose texts are written in black
 FONT = 11            # points: every text in the figure at least this (the body text's size)
 
 
@@ -82,7 +84,7 @@ def _write(ax, x0, i, p, unit):
     need = 0.6 * FONT / 72 * len(p.text) + 0.1        # inches, about (DejaVu Sans)
     if need <= (p.stop - p.start) * unit:
         x, ha, colour = x0 + (p.start + p.stop) / 2, "center", \
-            "black" if p.kind == "gathered" else "white"
+            "black" if p.kind in LIGHT else "white"
     elif p.start >= 1 - p.stop:
         x, ha, colour = x0 + p.start - 0.02, "right", "black"
     else:

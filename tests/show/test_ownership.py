@@ -64,3 +64,11 @@ def test_columns_must_name_every_tensor():
         plot_who_holds_what({0: [Piece("W", 0, 1), Piece("V", 0, 1)]}, tensors=["W"])
     with pytest.raises(ValueError, match="nothing to draw"):
         plot_who_holds_what({})
+
+
+def test_a_text_on_a_light_kind_is_black_on_a_dark_one_white():
+    h = {0: [Piece("g", 0, 1, "full gradients", "full"), Piece("p", 0, 1, "parameters", "mine")]}
+    colours = {t.get_text(): t.get_color() for t in plot_who_holds_what(h).axes[0].texts}
+    assert colours["full"] == "black" and colours["mine"] == "white"
+    assert KINDS["full gradients"] != KINDS["gradients"]
+
