@@ -93,15 +93,19 @@ def _write(ax, x0, i, p, unit):
             clip_on=False)
 
 
-def plot_who_holds_what(holdings, *, tensors=None, title=None, width=7.7, row=0.42):
+def plot_who_holds_what(holdings, *, tensors=None, title=None, width=7.7, row=0.42,
+                        dividers=None):
     """Draw ``holdings`` (``{rank: [Piece, ...]}``): ranks as rows, ``tensors``
     (default: in order of first appearance) as columns. Returns the Figure,
-    ``width`` inches wide, ``row`` inches per rank; texts at ``FONT`` points."""
+    ``width`` inches wide, ``row`` inches per rank; texts at ``FONT`` points.
+    ``dividers``: ``{tensor: [fraction, ...]}``, thin lines across that column
+    where one part of it ends and the next begins (a column of several states)."""
     ranks = sorted(holdings)
     tensors = list(tensors) if tensors is not None else _tensors(holdings)
     if not ranks or not tensors:
         raise ValueError("nothing to draw: no rank holds any piece")
-    unknown = {p.tensor for r in ranks for p in holdings[r]} - set(tensors)
+    dividers = dividers or {}
+    unknown = ({p.tensor for r in ranks for p in holdings[r]} | set(dividers)) - set(tensors)
     if unknown:
         raise ValueError(f"pieces of tensors not among the columns: {sorted(unknown)}")
     label_w, head = 0.9, 0.45 + (0.3 if title else 0)
@@ -127,6 +131,8 @@ def plot_who_holds_what(holdings, *, tensors=None, title=None, width=7.7, row=0.
                                        fc=colour, ec="white", lw=0.8))
                 if p.text:
                     _write(ax, x0, i, p, unit)
+            for f in dividers.get(name, ()):
+                ax.plot([x0 + f] * 2, [i + 0.12, i + 0.88], color="0.55", lw=0.8)
     ax.set_xlim(-0.02, len(tensors) * (1 + gap) - gap + 0.02)
     ax.set_ylim(len(ranks), -0.15)
     ax.set_yticks([i + 0.5 for i in range(len(ranks))], [f"rank {r}" for r in ranks],

@@ -72,3 +72,11 @@ def test_a_text_on_a_light_kind_is_black_on_a_dark_one_white():
     assert colours["full"] == "black" and colours["mine"] == "white"
     assert KINDS["full gradients"] != KINDS["gradients"]
 
+
+def test_dividers_mark_each_row_of_their_column_only():
+    h = {r: [Piece("W", 0, 0.25), Piece("V", 0, 1)] for r in range(3)}
+    ax = plot_who_holds_what(h, dividers={"W": [0.25, 0.5]}).axes[0]
+    xs = sorted((line.get_xdata()[0], line.get_ydata()[0]) for line in ax.lines)
+    assert xs == [(x, r + 0.12) for x in (0.25, 0.5) for r in range(3)]     # column W at x 0
+    with pytest.raises(ValueError, match=r"not among the columns: \['U'\]"):
+        plot_who_holds_what(h, dividers={"U": [0.5]})

@@ -5,7 +5,11 @@ import pytest
 
 import ringlab
 from ringlab.show.ownership import held_fraction
-from ringlab.zero.holdings import COLUMNS, zero3_moment
+from ringlab.trace import MemoryEvent, Trace
+from ringlab.zero import data_parallel_adam, zero1_adam, zero2_adam, zero3_adam
+from ringlab.zero.accounting import memory_per_device
+from ringlab.zero.holdings import COLUMNS, stage_holdings, zero3_moment
+from ringlab.zero.sharding import shard_range
 
 SIZES = [4, 7, 6, 2]                       # units of 35, 48 and 14 numbers
 DATA = ringlab.nn.data.TeacherRegression(n_samples=64, dim=4, out=2, seed=1)
@@ -48,3 +52,42 @@ def test_in_forward_the_next_unit_is_gathered_only_with_prefetch(prefetch, gathe
         assert len(kinds(pieces, "parameters", "gathered")) == gathered
         assert kinds(pieces, "gradients", "full gradients") == []
 
+
+STAGES = {"dp": data_parallel_adam, "zero1": zero1_adam, "zero2": zero2_adam,
+          "zero3": zero3_adam}
+MIXED = dict(seed=0, lr=1e-3, dtype=np.float16, master_dtype=np.float32)
+
+
+def stage_runs(sizes, n):
+    return {key: ringlab.run(program, [[]] * n, kwargs=dict(MIXED, sizes=sizes)).trace
+            for key, program in STAGES.items()}
+
+
+def test_each_stage_holds_the_bytes_its_run_and_the_paper_say():
+    traces = stage_runs([8, 32, 32, 8], 4)                  # 1,608 numbers, no padding
+    h = stage_holdings(traces, 1608)
+    for r in range(4):
+        for key in STAGES:
+            held = held_fraction(h, r, key) * memory_per_device("dp", 1608, 4)
+            assert held == pytest.approx(memory_per_device(key, 1608, 4))
+            assert held == pytest.approx(sum(traces[key].memory_by_label(r, float("inf"))
+                                             .values()))
+        kinds = [p.kind for p in h[r] if p.tensor == "dp"]
+        assert kinds == ["parameters", "gradients", "master", "optimizer", "optimizer"]
+
+
+def test_a_shard_sits_where_shard_range_puts_it_padding_and_all():
+    traces = stage_runs([4, 7, 3], 4)                       # 59 numbers, padded to 60
+    h = stage_holdings({k: traces[k] for k in ("dp", "zero2")}, 59)
+    for r in range(4):
+        a, b = shard_range(59, r, 4)
+        grads = [p for p in h[r] if p.tensor == "zero2" and p.kind == "gradients"][0]
+        assert (grads.start, grads.stop) == pytest.approx(
+            ((2 + 2 * a / 60) / 16, (2 + 2 * b / 60) / 16))   # after 2 B/param of params
+
+
+def test_a_state_neither_whole_nor_a_shard_is_an_error():
+    whole = Trace([], 2, memory=[MemoryEvent(r, "params", 80, 0.0) for r in range(2)])
+    odd = Trace([], 2, memory=[MemoryEvent(r, "params", 30, 0.0) for r in range(2)])
+    with pytest.raises(ValueError, match="odd, rank 0: params holds 30 bytes"):
+        stage_holdings({"dp": whole, "odd": odd}, 10)
