@@ -1,0 +1,44 @@
+"""Who holds what in data parallelism, read off real runs and the library's own
+objects, for ``ringlab.show.ownership.plot_who_holds_what``.
+
+* ``replica_moment``: a ringlab program, one real ``sync_sgd_step``; each rank
+  says what it held after its backward: the whole replica, the rows of the
+  batch ``shard`` gave it, and its own gradient.
+"""
+
+import numpy as np
+
+from ..nn import SGD, count_params, flatten, mlp_model
+from ..show.ownership import Piece
+from .sync_sgd import local_gradient, shard, sync_sgd_step
+
+
+def replica_moment(comm, batch, *, sizes, seed=0, lr=0.1):
+    """One ``sync_sgd_step`` of ``mlp_model(sizes)`` (from ``seed``, as
+    ``data_parallel_sgd`` builds it) on my shard of ``batch = (x, y)``.
+    Returns ``[Piece, ...]``, what this rank held after its backward, before
+    the AllReduce: columns "parameters", "batch of B" (its rows, as ``shard``
+    cuts them) and "gradient" (its mean over those rows)::
+
+        >>> import numpy as np, ringlab
+        >>> batch = (np.ones((10, 3)), np.ones((10, 2)))
+        >>> res = ringlab.run(replica_moment, [batch] * 4, kwargs=dict(sizes=[3, 2]))
+        >>> [(p.tensor, p.start, p.stop, p.text) for p in res.outputs[1]]
+        [('parameters', 0.0, 1.0, 'W, 8 numbers'), ('batch of 10', 0.3, 0.6, '3-5'),\
+ ('gradient', 0.0, 1.0, '$g_1$, mean of 3')]
+    """
+    r, p = comm.rank, comm.world_size
+    x, y = batch
+    model = mlp_model(list(sizes), np.random.default_rng(seed))
+    rows = shard(np.arange(len(x)), r, p).tolist()
+    xs, ys = shard(x, r, p), shard(y, r, p)
+    n = count_params(model)
+    local_gradient(model, xs, ys)
+    held = [Piece("parameters", 0.0, flatten(model.named_parameters()).data.size / n,
+                  "parameters", f"W, {n:,} numbers"),
+            Piece(f"batch of {len(x)}", rows[0] / len(x), (rows[-1] + 1) / len(x), "data",
+                  f"{rows[0]}-{rows[-1]}"),
+            Piece("gradient", 0.0, flatten(model.named_grads()).data.size / n, "gradients",
+                  f"$g_{r}$, mean of {len(rows)}")]
+    sync_sgd_step(comm, model, SGD(model.named_parameters(), lr), xs, ys, len(x))
+    return held
