@@ -4,12 +4,15 @@ objects, for ``ringlab.show.ownership.plot_who_holds_what``.
 * ``replica_moment``: a ringlab program, one real ``sync_sgd_step``; each rank
   says what it held after its backward: the whole replica, the rows of the
   batch ``shard`` gave it, and its own gradient.
+* ``bucket_holdings``: DDP's buckets as ``assign_buckets`` makes them, along
+  the gradient in registration order, and each rank's own batch.
 """
 
 import numpy as np
 
 from ..nn import SGD, count_params, flatten, mlp_model
 from ..show.ownership import Piece
+from .buckets import BUCKET_CAP_BYTES, assign_buckets
 from .sync_sgd import local_gradient, shard, sync_sgd_step
 
 
@@ -42,3 +45,35 @@ def replica_moment(comm, batch, *, sizes, seed=0, lr=0.1):
                   f"$g_{r}$, mean of {len(rows)}")]
     sync_sgd_step(comm, model, SGD(model.named_parameters(), lr), xs, ys, len(x))
     return held
+
+
+def bucket_holdings(params, batches, cap_bytes=BUCKET_CAP_BYTES, first_bucket_bytes=None):
+    """``{rank: [Piece, ...]}`` under DDP for ``params`` (``named_parameters()``)
+    and ``batches`` (rank r's ``(x, y)`` at ``batches[r]``): "parameters",
+    the whole replica on every rank; "gradients, in buckets", the same on
+    every rank: the gradient in registration order (layer 0 on the left), cut
+    where ``assign_buckets(params, cap_bytes, first_bucket_bytes)`` cuts it,
+    each bucket written with its number (0: the first backward fills, the
+    last layers); "batch": rank r's rows of all the ranks' rows::
+
+        >>> import numpy as np
+        >>> from ringlab.nn import mlp_model
+        >>> params = mlp_model([4, 4, 4], np.random.default_rng(0)).named_parameters()
+        >>> h = bucket_holdings(params, [(np.ones((2, 4)), None)] * 2, cap_bytes=100)
+        >>> [(p.text, p.start, p.stop) for p in h[0] if p.kind == "gradients"]
+        [('0', 0.5, 1.0), ('1', 0.0, 0.5)]
+    """
+    buckets = assign_buckets(params, cap_bytes, first_bucket_bytes)
+    total = sum(p.nbytes for p in params.values())
+    start, at = {}, 0                       # each tensor's first byte, registration order
+    for name, p in params.items():
+        start[name], at = at, at + p.nbytes
+    shared = [Piece("parameters", 0.0, at / total, "parameters", f"{total / 2**20:.2f} MiB")]
+    for b, names in enumerate(buckets):     # a bucket's tensors sit side by side
+        lo = min(start[n] for n in names)
+        hi = max(start[n] + params[n].nbytes for n in names)
+        shared.append(Piece("gradients, in buckets", lo / total, hi / total, "gradients", str(b)))
+    rows = np.cumsum([0] + [len(x) for x, _ in batches])
+    return {r: shared + [Piece("batch", rows[r] / rows[-1], rows[r + 1] / rows[-1], "data",
+                               f"{rows[r + 1] - rows[r]} rows")]
+            for r in range(len(batches))}

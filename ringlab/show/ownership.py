@@ -94,12 +94,14 @@ def _write(ax, x0, i, p, unit):
 
 
 def plot_who_holds_what(holdings, *, tensors=None, title=None, width=7.7, row=0.42,
-                        dividers=None):
+                        dividers=None, legend=None):
     """Draw ``holdings`` (``{rank: [Piece, ...]}``): ranks as rows, ``tensors``
     (default: in order of first appearance) as columns. Returns the Figure,
     ``width`` inches wide, ``row`` inches per rank; texts at ``FONT`` points.
     ``dividers``: ``{tensor: [fraction, ...]}``, thin lines across that column
-    where one part of it ends and the next begins (a column of several states)."""
+    where one part of it ends and the next begins (a column of several states).
+    ``legend``: draw the kinds' legend (default: when there is more than one
+    kind); ``False`` where the columns' names already say what each kind is."""
     ranks = sorted(holdings)
     tensors = list(tensors) if tensors is not None else _tensors(holdings)
     if not ranks or not tensors:
@@ -110,10 +112,11 @@ def plot_who_holds_what(holdings, *, tensors=None, title=None, width=7.7, row=0.
         raise ValueError(f"pieces of tensors not among the columns: {sorted(unknown)}")
     label_w, head = 0.9, 0.45 + (0.3 if title else 0)
     kinds = [k for k in KINDS if any(p.kind == k for r in ranks for p in holdings[r])]
-    legend = 0.45 if len(kinds) > 1 else 0.1
-    height = head + row * len(ranks) + legend
+    legend = len(kinds) > 1 if legend is None else legend
+    legend_h = 0.45 if legend else 0.1
+    height = head + row * len(ranks) + legend_h
     fig = plt.figure(figsize=(width, height))
-    ax = fig.add_axes([label_w / width, legend / height, 1 - (label_w + 0.1) / width,
+    ax = fig.add_axes([label_w / width, legend_h / height, 1 - (label_w + 0.1) / width,
                        row * len(ranks) / height])
     gap = 0.12                                   # between columns, in tensor lengths
     span = len(tensors) * (1 + gap) - gap + 0.04
@@ -143,7 +146,7 @@ def plot_who_holds_what(holdings, *, tensors=None, title=None, width=7.7, row=0.
         side.set_visible(False)
     if title:
         fig.suptitle(title, fontsize=FONT + 1, y=1 - 0.12 / height, va="top")
-    if len(kinds) > 1:
+    if legend:
         fig.legend(handles=[Patch(fc=KINDS[k], label=k) for k in kinds], loc="lower center",
                    ncols=len(kinds), fontsize=FONT, frameon=False, bbox_to_anchor=(0.5, 0))
     return fig

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import ringlab
-from ringlab.data_parallel.holdings import replica_moment
+from ringlab.data_parallel.buckets import assign_buckets
+from ringlab.data_parallel.holdings import bucket_holdings, replica_moment
 from ringlab.data_parallel.sync_sgd import shard
 from ringlab.nn import count_params, mlp_model
 from ringlab.nn.data import TeacherRegression
@@ -27,3 +28,19 @@ def test_a_replica_holds_the_model_its_rows_and_its_own_gradient(p, b):
         assert h[r][2].text.endswith(f"mean of {len(shard(np.arange(b), r, p))}")
     assert {s.name for s in res.trace.spans} <= {"ring_allreduce"}   # a real step ran
     assert res.trace.steps == 2 * (p - 1)
+
+
+def test_buckets_cut_the_gradient_where_assign_buckets_does():
+    params = mlp_model([64] * 5, np.random.default_rng(0),
+                       dtype=np.float32).named_parameters()
+    batches = [(np.ones((n, 64)), None) for n in (3, 5)]
+    h = bucket_holdings(params, batches, cap_bytes=20_000)
+    buckets = assign_buckets(params, cap_bytes=20_000)
+    total = sum(a.nbytes for a in params.values())
+    grads = [q for q in h[0] if q.kind == "gradients"]
+    assert [q.text for q in grads] == [str(b) for b in range(len(buckets))]
+    assert [round((q.stop - q.start) * total) for q in grads] == [
+        sum(params[n].nbytes for n in names) for names in buckets]
+    assert grads[0].stop == 1 and min(q.start for q in grads) == 0   # last layers first
+    assert h[0][:-1] == h[1][:-1]                                    # every rank alike
+    assert [(h[r][-1].start, h[r][-1].stop) for r in (0, 1)] == [(0, 3 / 8), (3 / 8, 1)]

@@ -80,3 +80,12 @@ def test_dividers_mark_each_row_of_their_column_only():
     assert xs == [(x, r + 0.12) for x in (0.25, 0.5) for r in range(3)]     # column W at x 0
     with pytest.raises(ValueError, match=r"not among the columns: \['U'\]"):
         plot_who_holds_what(h, dividers={"U": [0.5]})
+
+
+def test_the_legend_is_left_out_when_asked_and_the_figure_shorter():
+    h = quarters()
+    with_legend, without = plot_who_holds_what(h), plot_who_holds_what(h, legend=False)
+    assert len(with_legend.legends) == 1 and without.legends == []
+    assert without.get_size_inches()[1] == pytest.approx(with_legend.get_size_inches()[1] - 0.35)
+    assert plot_who_holds_what(h, legend=True).get_size_inches()[1] == \
+        with_legend.get_size_inches()[1]
