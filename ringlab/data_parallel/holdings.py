@@ -6,6 +6,8 @@ objects, for ``ringlab.show.ownership.plot_who_holds_what``.
   batch ``shard`` gave it, and its own gradient.
 * ``bucket_holdings``: DDP's buckets as ``assign_buckets`` makes them, along
   the gradient in registration order, and each rank's own batch.
+* ``one_rank_holdings``: before anything is split, one rank holds everything:
+  parameters, gradients, Adam's moments and the activations forward keeps.
 """
 
 import numpy as np
@@ -77,3 +79,41 @@ def bucket_holdings(params, batches, cap_bytes=BUCKET_CAP_BYTES, first_bucket_by
     return {r: shared + [Piece("batch", rows[r] / rows[-1], rows[r + 1] / rows[-1], "data",
                                f"{rows[r + 1] - rows[r]} rows")]
             for r in range(len(batches))}
+
+
+def activation_bytes(model):
+    """Bytes of the arrays ``model``'s modules keep from their last forward for
+    backward (the module attributes that are arrays; parameters and gradients
+    live in ``params`` and ``grads``, not there)."""
+    return sum(v.nbytes for _, m in model.named_modules() for v in vars(m).values()
+               if isinstance(v, np.ndarray))
+
+
+def _size(nbytes):
+    if nbytes < 1e3:
+        return f"{nbytes} B"
+    return f"{nbytes / 1e3:.0f} kB" if nbytes < 1e6 else f"{nbytes / 1e6:.2f} MB"
+
+
+def one_rank_holdings(model, opt, x):
+    """``{0: [Piece, ...]}``: what one rank holds to train ``model`` with ``opt``
+    (an ``Adam`` over its parameters) once ``model.forward(x)`` has run (it is
+    run here): "parameters", "gradients", "Adam m, v" and "activations", all
+    of each (nothing is split yet), written with their bytes::
+
+        >>> import numpy as np
+        >>> from ringlab.nn import Adam, mlp_model
+        >>> m = mlp_model([4, 8, 2], np.random.default_rng(0))
+        >>> h = one_rank_holdings(m, Adam(m.named_parameters()), np.ones((16, 4)))
+        >>> [(p.tensor, p.text) for p in h[0]]          # 58 float64s
+        [('parameters', '464 B'), ('gradients', '464 B'), ('Adam m, v', '928 B'),\
+ ('activations', '3 kB')]
+    """
+    model.forward(x)
+    held = {"parameters": ("parameters", model.named_parameters().values()),
+            "gradients": ("gradients", model.named_grads().values()),
+            "Adam m, v": ("optimizer", [s[k] for s in opt.state.values() for k in "mv"])}
+    nbytes = {name: (kind, sum(a.nbytes for a in arrays))
+              for name, (kind, arrays) in held.items()}
+    nbytes["activations"] = ("activations", activation_bytes(model))
+    return {0: [Piece(name, 0.0, 1.0, kind, _size(b)) for name, (kind, b) in nbytes.items()]}

@@ -6,10 +6,11 @@ import pytest
 
 import ringlab
 from ringlab.data_parallel.buckets import assign_buckets
-from ringlab.data_parallel.holdings import bucket_holdings, replica_moment
+from ringlab.data_parallel.holdings import (activation_bytes, bucket_holdings,
+                                            one_rank_holdings, replica_moment)
 from ringlab.data_parallel.sync_sgd import shard
-from ringlab.nn import count_params, mlp_model
-from ringlab.nn.data import TeacherRegression
+from ringlab.nn import GPT, Adam, count_params, mlp_model, param_bytes
+from ringlab.nn.data import ArithmeticTokens, TeacherRegression
 from ringlab.show.ownership import held_fraction
 
 
@@ -44,3 +45,16 @@ def test_buckets_cut_the_gradient_where_assign_buckets_does():
     assert grads[0].stop == 1 and min(q.start for q in grads) == 0   # last layers first
     assert h[0][:-1] == h[1][:-1]                                    # every rank alike
     assert [(h[r][-1].start, h[r][-1].stop) for r in (0, 1)] == [(0, 3 / 8), (3 / 8, 1)]
+
+
+def test_one_rank_holds_what_its_arrays_take():
+    cfg = dict(vocab=16, dim=32, n_heads=4, hidden=128, n_layers=2, seq_len=16)
+    gpt = GPT(**cfg, rng=np.random.default_rng(0))
+    ids = next(ArithmeticTokens(vocab=16, seq_len=16).batches(16, seed=0))[0]
+    h = one_rank_holdings(gpt, Adam(gpt.named_parameters()), ids)
+    assert param_bytes(gpt) == 216_064 and activation_bytes(gpt) == 2_764_928
+    assert [(q.tensor, q.text) for q in h[0]] == [
+        ("parameters", "216 kB"), ("gradients", "216 kB"), ("Adam m, v", "432 kB"),
+        ("activations", "2.76 MB")]
+    gpt.forward(ids[:8])
+    assert activation_bytes(gpt) == (2_764_928 + 128) // 2      # linear in the batch
