@@ -8,6 +8,8 @@ objects, for ``ringlab.show.ownership.plot_who_holds_what``.
   the gradient in registration order, and each rank's own batch.
 * ``one_rank_holdings``: before anything is split, one rank holds everything:
   parameters, gradients, Adam's moments and the activations forward keeps.
+* ``ps_holdings``: a parameter server's run, from its log: the server's
+  current version, and the version each worker computes its gradient from.
 """
 
 import numpy as np
@@ -117,3 +119,24 @@ def one_rank_holdings(model, opt, x):
               for name, (kind, arrays) in held.items()}
     nbytes["activations"] = ("activations", activation_bytes(model))
     return {0: [Piece(name, 0.0, 1.0, kind, _size(b)) for name, (kind, b) in nbytes.items()]}
+
+
+def ps_holdings(log, version, workers):
+    """``{rank: [Piece, ...]}`` of a parameter-server run (``log``: the server's
+    ``(worker, version read)`` per applied gradient, in order) at the moment it
+    has applied ``version`` gradients: rank 0 the current parameters; each of
+    the ``workers`` (ranks 1..P) the copy it computes its next gradient from,
+    and that gradient, written with the update it becomes and its staleness
+    (none for a worker that has no gradient left)::
+
+        >>> log = [(1, 0), (2, 0), (1, 1), (2, 2)]
+        >>> [[p.text for p in ps] for ps in ps_holdings(log, 1, 2).values()]
+        [['version 1'], ['version 1', 'update 2, τ = 1'], ['version 0', 'update 1, τ = 1']]
+    """
+    held = {0: [Piece("parameters", 0.0, 1.0, "master", f"version {version}")]}
+    held.update({w: [] for w in range(1, workers + 1)})
+    for i, (w, v) in enumerate(log[version:], start=version):
+        if not held[w]:                # w's first gradient from here on: the one it computes
+            held[w] = [Piece("parameters", 0.0, 1.0, "parameters", f"version {v}"),
+                       Piece("gradient", 0.0, 1.0, "gradients", f"update {i}, τ = {i - v}")]
+    return held

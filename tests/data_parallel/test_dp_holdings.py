@@ -1,13 +1,16 @@
 """ringlab.data_parallel.holdings: the who-holds-what pieces agree with the runs
 and the library objects they are read from."""
 
+import math
+
 import numpy as np
 import pytest
 
 import ringlab
+from ringlab.data_parallel.async_ps import PSTask, run_async_ps
 from ringlab.data_parallel.buckets import assign_buckets
 from ringlab.data_parallel.holdings import (activation_bytes, bucket_holdings,
-                                            one_rank_holdings, replica_moment)
+                                            one_rank_holdings, ps_holdings, replica_moment)
 from ringlab.data_parallel.sync_sgd import shard
 from ringlab.nn import GPT, Adam, count_params, mlp_model, param_bytes
 from ringlab.nn.data import ArithmeticTokens, TeacherRegression
@@ -58,3 +61,19 @@ def test_one_rank_holds_what_its_arrays_take():
         ("activations", "2.76 MB")]
     gpt.forward(ids[:8])
     assert activation_bytes(gpt) == (2_764_928 + 128) // 2      # linear in the batch
+
+
+def test_a_worker_holds_the_version_its_next_gradient_reads():
+    task = PSTask.make(workers=4, updates=16, seed=0, lr=0.02)
+    run = run_async_ps(task, math.inf)
+    for version in range(len(run.log)):
+        h = ps_holdings(run.log, version, 4)
+        assert h[0][0].text == f"version {version}" and sorted(h) == [0, 1, 2, 3, 4]
+        for w in range(1, 5):
+            later = [i for i, (who, _) in enumerate(run.log) if who == w and i >= version]
+            if not later:
+                assert h[w] == []
+                continue
+            i = later[0]
+            assert h[w][0].text == f"version {run.log[i][1]}" and run.log[i][1] <= version
+            assert h[w][1].text == f"update {i}, τ = {run.staleness[i]}"
