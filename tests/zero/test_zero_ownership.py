@@ -1,4 +1,4 @@
-"""ringlab.zero.holdings: the who-holds-what pieces agree with the run's own memory."""
+"""ringlab.zero.ownership: the who-holds-what pieces agree with the run's own memory."""
 
 import numpy as np
 import pytest
@@ -8,7 +8,7 @@ from ringlab.show.ownership import held_fraction
 from ringlab.trace import MemoryEvent, Trace
 from ringlab.zero import data_parallel_adam, zero1_adam, zero2_adam, zero3_adam
 from ringlab.zero.accounting import memory_per_device
-from ringlab.zero.holdings import COLUMNS, stage_holdings, zero3_moment
+from ringlab.zero.ownership import COLUMNS, stage_holdings, zero3_moment
 from ringlab.zero.sharding import shard_range
 
 SIZES = [4, 7, 6, 2]                       # units of 35, 48 and 14 numbers

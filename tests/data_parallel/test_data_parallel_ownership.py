@@ -1,4 +1,4 @@
-"""ringlab.data_parallel.holdings: the who-holds-what pieces agree with the runs
+"""ringlab.data_parallel.ownership: the who-holds-what pieces agree with the runs
 and the library objects they are read from."""
 
 import math
@@ -9,7 +9,7 @@ import pytest
 import ringlab
 from ringlab.data_parallel.async_ps import PSTask, run_async_ps
 from ringlab.data_parallel.buckets import assign_buckets
-from ringlab.data_parallel.holdings import (activation_bytes, bucket_holdings,
+from ringlab.data_parallel.ownership import (activation_bytes, bucket_holdings,
                                             one_rank_holdings, ps_holdings, replica_moment)
 from ringlab.data_parallel.sync_sgd import shard
 from ringlab.nn import GPT, Adam, count_params, mlp_model, param_bytes
