@@ -317,27 +317,35 @@
   Player.prototype.buildLanes = function (pane) {
     var L = this.d.lanes, self = this, n = this.d.worldSize;
     var subrows = L.rows.reduce(function (t, r) { return t + r[2]; }, 0);
-    var gap = 4, sub = Math.max(5, Math.min(18, Math.floor((PANE_HEIGHT - 40 - gap * L.rows.length) / subrows)));
-    var labelW = L.parts ? 150 : 64, plotW = PANE_WIDTH - labelW - 12;
+    var ranks = L.rows.filter(function (r, i) { return i === 0 || L.rows[i - 1][0] !== r[0]; }).length;
+    var gap = 4, room = PANE_HEIGHT - 40 - gap * L.rows.length - (L.parts ? 15 * ranks : 0);
+    var sub = Math.max(5, Math.min(18, Math.floor(room / subrows)));
+    var labelW = 64, plotW = PANE_WIDTH - labelW - 12, partH = L.parts ? 15 : 0;
     var scale = plotW / L.end, y = 4, tops = [];
-    L.rows.forEach(function (r) { tops.push(y); y += r[2] * sub + gap; });
+    L.rows.forEach(function (r, i) {
+      if (i === 0 || L.rows[i - 1][0] !== r[0]) y += partH;    // a line for what the rank holds
+      tops.push(y);
+      y += r[2] * sub + gap;
+    });
     var height = y + 30;
     var s = svg("svg", { "class": "rlp-svg rlp-lanes", viewBox: "0 0 " + PANE_WIDTH + " " + height,
                          role: "img", "aria-label": "lanes: " + this.d.title,
                          style: "max-width:" + PANE_WIDTH + "px" }, pane);
     this.laneGeo = { x0: labelW, scale: scale, top: 4, bottom: y - gap, sub: sub };
-    this.band = svg("rect", { "class": "rlp-band", y: 2, height: y - gap, width: 0, x: labelW }, s);
     L.rows.forEach(function (r, i) {
       var first = i === 0 || L.rows[i - 1][0] !== r[0], mid = tops[i] + r[2] * sub / 2;
-      if (first && i > 0) svg("line", { "class": "rlp-lane-sep", x1: 0, x2: PANE_WIDTH, y1: tops[i] - gap / 2, y2: tops[i] - gap / 2 }, s);
+      if (first && i > 0) svg("line", { "class": "rlp-lane-sep", x1: 0, x2: PANE_WIDTH, y1: tops[i] - partH - gap / 2,
+                                        y2: tops[i] - partH - gap / 2 }, s);
       var label = (first ? (n > self.d.detailLimit ? String(r[0]) : "rank " + r[0]) : "") + (r[1] ? (first ? " · " : "") + "stream " + r[1] : "");
-      svg("text", { x: 4, y: mid + 4 - (first && L.parts && !r[1] ? 6 : 0), "class": "rlp-lane-label",
-                            "font-size": Math.min(11, sub), "data-rank": r[0], "data-stream": r[1] }, s, label);
-      if (first && L.parts && !r[1]) {
-        svg("text", { x: 4, y: mid + 10, "class": "rlp-lane-part", "font-size": 10, "data-rank": r[0] }, s, L.parts[r[0]]);
+      svg("text", { x: 4, y: mid + 4, "class": "rlp-lane-label",
+                    "font-size": Math.min(11, sub), "data-rank": r[0], "data-stream": r[1] }, s, label);
+      if (first && L.parts) {
+        svg("text", { x: labelW, y: tops[i] - 4, "class": "rlp-lane-part", "font-size": 11, "data-rank": r[0] }, s,
+            "holds " + L.parts[r[0]]);
       }
       svg("rect", { "class": "rlp-lane", x: labelW, y: tops[i], width: plotW, height: r[2] * sub }, s);
     });
+    this.band = svg("rect", { "class": "rlp-band", y: 2, height: y - gap, width: 0, x: labelW }, s);   // over the lanes
     var g = svg("g", { "class": "rlp-items" }, s);
     this.laneItems = L.items.map(function (it) {
       var row = L.rows[it[0]], yy = tops[it[0]] + it[1] * sub + 1, x = labelW + it[2] * scale;

@@ -8,15 +8,17 @@ it, each built only when the trace has what it draws:
   bytes held under each label over the steps, stacked, with the current step
   marked; a ZeRO-3 / FSDP unit's gathered ``params.full`` appears at its
   AllGather and goes at its reshard. ``memory_frames`` is what it draws.
-- ``"lanes"`` (the trace has spans or computes): per rank (and per stream:
+- ``"lanes"`` (the trace has computes, or more than one span on a rank): per rank (and per stream:
   ``comm.start`` works get a row of their own), a timeline of what it ran: its
   computes and its spans, nested spans one row below their parent, lit while
   the current step's messages are theirs. Pipeline actions (computes with
   ``mb=``, ``kind=`` "F"/"B"/"W", as ``run_pipeline`` records them) are
   coloured by microbatch, forward light and backward dark; a DDP-style run
   (AllReduces launched with ``comm.start`` during computes labelled
-  "backward") colours each backward compute as the bucket it completes. The x
-  axis is simulated seconds when the run has any, else steps.
+  "backward") numbers each AllReduce as a bucket and colours each backward
+  compute as the first bucket to start after it, the bucket it completed when
+  the stream was free (see ``_buckets``). The x axis is simulated seconds when
+  the run has any, else steps.
 
 ``default_view`` picks the one a chapter's run is about: memory when there is
 any; lanes for a pipeline, a bucketed backward, or collectives inside named
@@ -57,7 +59,7 @@ COLLECTIVE_COLOURS = {"allreduce": "#1f77b4", "allgather": "#2ca02c", "reduce_sc
                       "broadcast": "#17becf", "reduce": "#9467bd", "alltoall": "#e377c2"}
 REGION = "#d9d9d9"          # a named region's span (tp.mlp.forward), under its collectives
 OTHER = "#7f7f7f"
-BUCKET, BUCKET_TEXT = "#bbbbbb", "bN: backward fills bucket N, then its AllReduce (stream 1)"
+BUCKET, BUCKET_TEXT = "#bbbbbb", "bN: AllReduce N on stream 1, and the backward computed before it starts"
 SHORT = {"allreduce": "AR", "allgather": "AG", "reduce_scatter": "RS", "broadcast": "BC",
          "reduce": "R", "alltoall": "A2A"}
 
@@ -159,7 +161,11 @@ def _first_step(times, t, floor):
 def _buckets(trace, computes, spans):
     """``{compute index: bucket}``: in a run whose program launches collectives with
     ``comm.start`` (stream 1) during computes labelled "backward", each backward
-    compute belongs to the first launch at or after its end, the bucket it completed."""
+    compute gets the number of the first of them to start at or after its end. With
+    the stream free, a bucket's AllReduce starts the moment its last gradient is
+    ready, so that is the bucket it filled; with the stream still busy with the last
+    bucket it starts later, and the trace does not say when it was launched: then a
+    number says "computed before AllReduce N started", the most the trace knows."""
     launches = defaultdict(list)
     for s in spans:
         if s.stream == 1 and "/" not in s.path and _collective(s.name):
@@ -184,15 +190,19 @@ def lanes_view(trace, parts=None):
     after step ``at`` and lit from ``at`` to ``until``; ``time``: x in simulated
     seconds (else steps); ``cursor[step]``: the time reached after each step, when the
     messages have times (items are drawn up to it), else None; ``end``: the x range;
-    ``legend``: ``[colour, text]``; ``parts``: one text per rank (who holds what)."""
+    ``legend``: ``[colour, text]``; ``parts``: one text per rank (who holds what), from
+    ``parts=`` (texts, or ``{what: indices}`` per rank, see ``part_text``)."""
     computes, spans = list(trace.computes), list(trace.spans)
     if not computes and not spans or len(computes) + len(spans) > MAX_ITEMS:
         return None
     steps = trace.steps
     timed = trace.time > 0
     times = _step_times(trace) if timed else None
+    # A span that is just one compute (a pipeline action "0F1" around its F) is drawn once,
+    # as the compute; a region with spans inside it stays.
     coincide = {(c.rank, c.stream, c.start, c.end) for c in computes if c.end > c.start}
-    spans = [s for s in spans if not (s.t_end > s.t_start
+    parents = {(s.rank, s.stream, s.path.rsplit("/", 1)[0]) for s in spans if "/" in s.path}
+    spans = [s for s in spans if not (s.t_end > s.t_start and (s.rank, s.stream, s.path) not in parents
                                       and (s.rank, s.stream, s.t_start, s.t_end) in coincide)]
     bucket = _buckets(trace, computes, spans)
     labels = sorted({c.label for c in computes})
@@ -230,7 +240,7 @@ def lanes_view(trace, parts=None):
                 else f"{kind} of microbatch {mb}"
         elif i in bucket:
             colour, text = PALETTE[bucket[i] % len(PALETTE)], f"b{bucket[i]}"
-            what = f"{c.label} (fills bucket {bucket[i]})"
+            what = f"{c.label} (before AllReduce {bucket[i]} on stream 1 starts)"
             key = (BUCKET, BUCKET_TEXT)
         else:
             colour, text = COMPUTE_COLOURS[labels.index(c.label) % len(COMPUTE_COLOURS)], c.label
@@ -262,7 +272,7 @@ def lanes_view(trace, parts=None):
     items.sort(key=lambda it: (it[0], it[1], it[2], it[3]))
     end = max([it[3] for it in items] + [trace.time if timed else steps, 1e-300 if timed else 1])
     if parts is not None:
-        parts = [str(p) for p in parts]
+        parts = [part_text(p) for p in parts]
         if len(parts) != trace.world_size:
             raise ValueError(f"parts= needs one text per rank: {trace.world_size}, got {len(parts)}")
     legend = [[index("colours", c), t] for c, t in dict.fromkeys(r[11] for r in raw)]
@@ -272,6 +282,36 @@ def lanes_view(trace, parts=None):
             "cursor": None if times is None else [_num(t) for t in times], "end": _num(end),
             "legend": legend,
             "parts": parts}
+
+
+def spans_text(indices):
+    """``[0, 1, 2, 3, 8, 9]`` -> ``"0–3, 8–9"``: indices as runs of consecutive ones.
+
+        >>> spans_text(range(4)), spans_text([0, 1, 2, 3, 8, 9, 10, 11, 16]), spans_text([])
+        ('0–3', '0–3, 8–11, 16', '')
+    """
+    out, run = [], []
+    for i in (int(i) for i in indices):
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            out.append(f"{run[0]}–{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [i]
+    if run:
+        out.append(f"{run[0]}–{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out)
+
+
+def part_text(part):
+    """What one rank holds, as ``parts=`` gives it: a text, or ``{what: indices}``
+    (``{"qkv columns": cols, "proj rows": rows}`` -> ``"qkv columns 0–3, 8–11; proj rows 0–3"``)."""
+    if isinstance(part, str):
+        return part
+    if hasattr(part, "items"):
+        return "; ".join(f"{what} {spans_text(ix) if not isinstance(ix, str) else ix}"
+                         for what, ix in part.items())
+    return spans_text(part)
 
 
 def _num(x):
@@ -314,6 +354,11 @@ def default_view(trace, views=("messages", "memory", "lanes")):
 
 
 def views_of(trace):
-    """The views this trace has data for, the ring view first."""
-    return ["messages"] + (["lanes"] if trace.spans or trace.computes else []) \
-        + (["memory"] if trace.memory else [])
+    """The views this trace has data for, the ring view first: lanes when some rank
+    computes or runs more than one span (one collective alone is all in the ring
+    view), memory when some rank allocates."""
+    spans = defaultdict(int)
+    for s in trace.spans:
+        spans[s.rank] += 1
+    lanes = bool(trace.computes) or any(k > 1 for k in spans.values())
+    return ["messages"] + (["lanes"] if lanes else []) + (["memory"] if trace.memory else [])
