@@ -17,7 +17,7 @@ def zero3(P=4):
     10 and 5; a gathered unit is 320 or 160 bytes of float64."""
     from ringlab.data_parallel.sync_sgd import shard
     from ringlab.zero import ShardedModel, zero3_step
-    x, y = next(iter(BATCH.batches(8, seed=2)))
+    x, y = next(iter(BATCH.batches(max(8, 2 * P), seed=2)))    # the book's 8 rows for P = 4
 
     def one_step(comm, batch):
         model = ShardedModel(mlp_model([4, 8, 2], np.random.default_rng(0)), comm.rank, comm.world_size)

@@ -131,7 +131,9 @@
     // The SVG is scaled to fit its width; pick the font size that ends up ~11 px on screen.
     // Shown no taller than MAX_SHOWN_HEIGHT px, so that the player with its title and
     // controls fits the 757 px a 1400 x 900 window shows of a page.
-    var shownWidth = Math.min(760, Math.max(w * 1.25, 480), MAX_SHOWN_HEIGHT * w / h);
+    // The view switch, when there is one, takes its height from the drawing's.
+    var most = MAX_SHOWN_HEIGHT - ((d.views || []).length > 1 ? 30 : 0);
+    var shownWidth = Math.min(760, Math.max(w * 1.25, 480), most * w / h);
     return { centres: centres, boxW: boxW, boxH: boxH, cell: cell, cols: cols, rows: rows, chunkRow: chunkRow,
              viewBox: [x0, y0, w, h], shownWidth: shownWidth, font: Math.max(10, 11 * w / shownWidth) };
   };
@@ -672,7 +674,11 @@
         return [{ "class": "rlp-compute-item" }, "rank " + c[1] + " computes " + self.computeText(c)];
       }));
     var cut = items.length > MAX_LISTED ? MAX_LISTED - 1 : items.length;
-    items.slice(0, cut).forEach(function (it) { el("li", it[0], self.list, it[1]); });
+    // One line each (a long one ends in "…"; its tooltip has it whole), so the list keeps its height.
+    items.slice(0, cut).forEach(function (it) {
+      var li = el("li", it[0], self.list, it[1]);
+      li.title = it[1];
+    });
     if (cut < items.length) el("li", {}, this.list, "… and " + (items.length - cut) + " more");
   };
 
