@@ -347,7 +347,6 @@
       }
       svg("rect", { "class": "rlp-lane", x: labelW, y: tops[i], width: plotW, height: r[2] * sub }, s);
     });
-    this.band = svg("rect", { "class": "rlp-band", y: 2, height: y - gap, width: 0, x: labelW }, s);   // over the lanes
     var g = svg("g", { "class": "rlp-items" }, s);
     this.laneItems = L.items.map(function (it) {
       var row = L.rows[it[0]], yy = tops[it[0]] + it[1] * sub + 1, x = labelW + it[2] * scale;
@@ -362,6 +361,8 @@
       if (label) label.setAttribute("fill", dark(L.colours[it[6]]) ? "white" : "#222");
       return { it: it, node: node, rect: rect, label: label, x: x, w: w, text: text };
     });
+    // The step's column (steps on the x axis), over the boxes; or the time reached, a line.
+    this.band = svg("rect", { "class": "rlp-band rlp-mem-band", y: 2, height: y - gap, width: 0, x: labelW }, s);
     this.cursorLine = svg("line", { "class": "rlp-cursor", x1: 0, x2: 0, y1: 2, y2: y - gap }, s);
     var unit = L.time ? seconds(L.end) : L.end + " step" + (L.end === 1 ? "" : "s");
     svg("text", { x: labelW, y: y + 10, "class": "rlp-axis", "font-size": 10 }, s, "0");

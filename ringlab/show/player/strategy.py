@@ -57,7 +57,7 @@ COMPUTE_COLOURS = ["#4e79a7", "#59a14f", "#76b7b2", "#b07aa1", "#9c755f", "#bab0
                    "#86bcb6", "#8cd17d", "#a0cbe8", "#d4a6c8"]
 COLLECTIVE_COLOURS = {"allreduce": "#1f77b4", "allgather": "#2ca02c", "reduce_scatter": "#ff7f0e",
                       "broadcast": "#17becf", "reduce": "#9467bd", "alltoall": "#e377c2"}
-REGION = "#d9d9d9"          # a named region's span (tp.mlp.forward), under its collectives
+REGION = ("#d9d9d9", "#c8c8c8")   # a named region's span (tp.mlp.forward) above its collectives; nested
 OTHER = "#7f7f7f"
 BUCKET, BUCKET_TEXT = "#bbbbbb", "bN: AllReduce N on stream 1, and the backward computed before it starts"
 SHORT = {"allreduce": "AR", "allgather": "AG", "reduce_scatter": "RS", "broadcast": "BC",
@@ -215,10 +215,9 @@ def lanes_view(trace, parts=None):
     for s in spans:
         depth = s.path.count("/")
         kind = _collective(s.name)
-        if kind is None and depth == 0 and any(o.path.startswith(s.path + "/") for o in spans
-                                                if o.rank == s.rank):
-            colour, text = REGION, s.name                # a named region around collectives
-            key = (REGION, "named region (span)")
+        if kind is None and (s.rank, s.stream, s.path) in parents:
+            colour, text = REGION[min(depth, 1)], s.name   # a named region around other spans
+            key = (REGION[0], "named region (span)")
         else:
             colour = COLLECTIVE_COLOURS.get(kind, OTHER)
             text = SHORT.get(kind, s.name)
@@ -334,11 +333,11 @@ def _seconds(t):
 # -- which view first --------------------------------------------------------------------------
 
 def _region_around_collective(trace):
-    """A span around another one whose outer name is not one of ringlab's collectives:
-    ``tp.mlp.forward/ring_allreduce`` is, ``tree_allreduce/binomial_reduce`` is not."""
-    from ... import collectives
-    known = set(collectives.__all__)
-    return any("/" in s.path and s.path.split("/", 1)[0] not in known for s in trace.spans)
+    """A span around another one whose outer name does not say it is a collective:
+    ``tp.mlp.forward/ring_allreduce`` is, ``tree_allreduce/binomial_reduce`` and
+    ``hierarchical_allreduce/ring_reduce_scatter`` are not (a collective made of
+    collectives: the ring view shows it)."""
+    return any("/" in s.path and _collective(s.path.split("/", 1)[0]) is None for s in trace.spans)
 
 
 def default_view(trace, views=("messages", "memory", "lanes")):
