@@ -42,6 +42,26 @@ ranks' inputs, or a copy of whose; ``ringlab.show.player.payloads``)::
 The same, in two steps: ``import ringlab.show``, ``c = ringlab.show.contributions(res, inputs)``, then
 ``res.trace.show(contributions=c)``. Inputs must differ between ranks (random
 numbers do): with ``np.ones`` everywhere no sum can be told from another.
+
+**The strategy, not only the collective.** A trace with memory events, computes or
+named regions also gets the views of ``ringlab.show.player.strategy``, with buttons to
+switch: *lanes* (per rank and stream, what it computed and which collectives ran,
+a pipeline's microbatches, a DDP step's buckets, a tensor-parallel region's one
+AllReduce lit) and *memory* (per rank the bytes held per label after each step: a
+ZeRO-3 unit gathered, used, freed). The player opens on the view the trace is about
+(``view=`` chooses); ``parts=`` writes what each rank holds beside its lane::
+
+    >>> from ringlab.nn import MLP
+    >>> from ringlab.tensor_parallel import ParallelMLP
+    >>> mlp = MLP(dim=4, hidden=8, rng=np.random.default_rng(0))
+    >>> def tp_step(comm, x):
+    ...     layer = ParallelMLP.from_mlp(mlp, comm)
+    ...     layer.backward(layer.forward(x))
+    ...     return layer.fc.columns
+    >>> res = ringlab.run(tp_step, [np.ones((2, 4))] * 2)
+    >>> player = res.trace.show(parts=[{"hidden units": cols} for cols in res.outputs])
+    >>> player.data["views"], player.data["view"], player.data["lanes"]["parts"]
+    (['messages', 'lanes'], 'lanes', ['hidden units 0–3', 'hidden units 4–7'])
 """
 
 from __future__ import annotations

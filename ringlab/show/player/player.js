@@ -320,7 +320,7 @@
     var L = this.d.lanes, self = this, n = this.d.worldSize;
     var subrows = L.rows.reduce(function (t, r) { return t + r[2]; }, 0);
     var ranks = L.rows.filter(function (r, i) { return i === 0 || L.rows[i - 1][0] !== r[0]; }).length;
-    var gap = 4, room = PANE_HEIGHT - 40 - gap * L.rows.length - (L.parts ? 15 * ranks : 0);
+    var gap = L.rows.length > 24 ? 1 : 4, room = PANE_HEIGHT - 40 - gap * L.rows.length - (L.parts ? 15 * ranks : 0);
     var sub = Math.max(5, Math.min(18, Math.floor(room / subrows)));
     var labelW = 64, plotW = PANE_WIDTH - labelW - 12, partH = L.parts ? 15 : 0;
     var scale = plotW / L.end, y = 4, tops = [];
