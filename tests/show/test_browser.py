@@ -348,10 +348,10 @@ def strategy_run(name):
 
 @pytest.mark.parametrize("name, default", [("zero3", "memory"), ("gpipe", "lanes"), ("ddp", "lanes"),
                                            ("tp", "lanes"), ("learner", "memory"), ("zero3_16", "memory"),
-                                           ("ddp_32", "lanes")])
+                                           ("ddp_32", "lanes"), ("learner_pipeline", "lanes")])
 def test_strategy_views(browser, tmp_path, name, default):
     """The book's ZeRO-3, GPipe, DDP-bucket and tensor-parallel runs and a learner's FSDP
-    loop: the player opens on the view of its part; at every step, in every view, it draws
+    loop and GPipe loop: the player opens on the view of its part; at every step, in every view, it draws
     what the trace says (memory: each rank's bytes per label = memory_frames; lanes: the
     boxes of the steps so far; messages: the step's arrows) and fits 757 px. Also 16 and
     32 ranks, for the height (every 20th of the steps, and the last)."""

@@ -153,6 +153,23 @@ def test_learner_run_gets_the_same_views():
     assert regions == ["layer0.forward", "layer1.forward", "layer1.backward", "layer0.backward"]
 
 
+def test_learner_pipeline_lanes():
+    """A learner's GPipe loop (computes labelled "forward"/"backward" with mb=): the lanes
+    colour its microbatches as run_pipeline's. p = 3, m = 4: rank 2's first forward
+    after the activation's 2 steps, at 2 s; the last backward ends at (m + p - 1) 3 s = 18 s."""
+    trace = strategies.learner_pipeline()
+    data = player_data(trace)
+    assert data["view"] == "lanes"
+    lanes = data["lanes"]
+    boxes = sorted((lanes["rows"][it[0]][0], it[2], it[3], it[4], lanes["texts"][it[7]],
+                    lanes["colours"][it[6]]) for it in lanes["items"])
+    assert min(b for b in boxes if b[0] == 2)[:5] == (2, 2.0, 3.0, 2, "0")
+    assert lanes["end"] == 18.0
+    colour = {(b[0], b[1]): b[5] for b in boxes}
+    assert colour[0, 0.0] == "#9eb5cf"                           # mb 0's forward, as in the GPipe run
+    assert colour[2, 6.0] == "#4e79a7"                           # rank 2's backward of mb 0
+
+
 def test_default_view_and_view_option():
     ring = ringlab.run(ring_allreduce, [np.ones(8)] * 4).trace
     assert player_data(ring)["views"] == ["messages"]              # one collective: nothing more to show

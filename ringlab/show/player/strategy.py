@@ -12,7 +12,8 @@ it, each built only when the trace has what it draws:
   ``comm.start`` works get a row of their own), a timeline of what it ran: its
   computes and its spans, nested spans one row below their parent, lit while
   the current step's messages are theirs. Pipeline actions (computes with
-  ``mb=``, ``kind=`` "F"/"B"/"W", as ``run_pipeline`` records them) are
+  ``mb=`` and ``kind=`` "F"/"B"/"W", as ``run_pipeline`` records them, or a
+  label "forward"/"backward", as a learner's loop may) are
   coloured by microbatch, forward light and backward dark; a DDP-style run
   (AllReduces launched with ``comm.start`` during computes labelled
   "backward") numbers each AllReduce as a bucket and colours each backward
@@ -44,7 +45,6 @@ from __future__ import annotations
 from collections import defaultdict
 
 MAX_ITEMS = 20_000          # lanes: computes + spans drawn; beyond, the view is left out
-PIPELINE = ("F", "B", "W")
 
 # Colours as the library's figures draw them (show.memory.KNOWN, pipeline.drawing.PALETTE,
 # show.timeline's compute and communication colours), so a chapter's figure and its player agree.
@@ -129,10 +129,15 @@ def memory_view(trace):
 
 # -- lanes ------------------------------------------------------------------------------------
 
+KINDS = {"F": "F", "forward": "F", "B": "B", "backward": "B", "W": "W", "weight": "W"}
+
+
 def _pipeline_kind(c):
-    """"F", "B" or "W" for a pipeline action's compute (``kind=`` or its label), else None."""
-    kind = c.get("kind", c.label)
-    return kind if kind in PIPELINE and c.get("mb") is not None else None
+    """"F", "B" or "W" for a pipeline action's compute: one with a microbatch ``mb=``
+    and a ``kind=`` or label "F"/"forward", "B"/"backward", "W"/"weight"; else None."""
+    if c.get("mb") is None:
+        return None
+    return KINDS.get(c.get("kind", c.label))
 
 
 def _step_times(trace):
