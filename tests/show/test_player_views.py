@@ -187,6 +187,14 @@ def test_default_view_and_view_option():
     assert ringlab.run(ring_allreduce, [np.ones(8)] * 4).trace.show().data["view"] == "messages"
 
 
+def test_too_many_boxes_leave_the_lanes_out(monkeypatch):
+    from ringlab.show.player import strategy
+    trace = strategies.zero3()                   # 24 spans
+    monkeypatch.setattr(strategy, "MAX_ITEMS", 23)
+    data = player_data(trace)
+    assert data["views"] == ["messages", "memory"] and data["lanes"] is None
+
+
 def test_sizes_stay_small():
     """A view's data only when the trace has it; the book-sized runs stay a few kB."""
     sizes = {}

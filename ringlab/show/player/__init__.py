@@ -157,6 +157,9 @@ def player_data(trace, *, layout_kind=None, title=None, detail_limit=DETAIL_LIMI
     computes = [[c.step, c.rank, li[c.label], c.duration, c.stream] for c in trace.computes]
     held, note = _holdings(trace, chunks, detail_limit)
     views = views_of(trace)
+    lanes = lanes_view(trace, parts) if "lanes" in views else None
+    if lanes is None and "lanes" in views:       # too many computes and spans to draw
+        views.remove("lanes")
     if view is None:
         view = default_view(trace, views)
     elif view not in views:
@@ -164,7 +167,7 @@ def player_data(trace, *, layout_kind=None, title=None, detail_limit=DETAIL_LIMI
                          + ("" if view in VIEW_NAMES else f"; views are {VIEW_NAMES}"))
     if parts is not None and "lanes" not in views:
         raise ValueError("parts= is drawn beside each rank's lane: this trace has no spans or computes")
-    return {"views": views, "view": view, "lanes": lanes_view(trace, parts) if "lanes" in views else None,
+    return {"views": views, "view": view, "lanes": lanes,
             "memory": memory_view(trace), "worldSize": n, "steps": trace.steps, "title": title or _title(trace),
             "layout": layout(trace, layout_kind), "detailLimit": detail_limit,
             "chunks": [_label(c) for c in chunks], "ops": ops, "spans": spans,

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-MAX_ITEMS = 20_000          # lanes: computes + spans drawn; beyond, the view is left out
+MAX_ITEMS = 5_000           # lanes: computes + spans drawn (~100 B each); beyond, no lanes
 
 # Colours as the library's figures draw them (show.memory.KNOWN, pipeline.drawing.PALETTE,
 # show.timeline's compute and communication colours), so a chapter's figure and its player agree.
@@ -155,9 +155,9 @@ def _step_times(trace):
     return ends
 
 
-def _first_step(times, t, floor):
-    """The first step from ``floor`` whose time has passed ``t``."""
-    for s in range(floor, len(times)):
+def _first_step(times, t):
+    """The first step whose time has passed ``t``."""
+    for s in range(len(times)):
         if times[s] > t:
             return s
     return len(times) - 1
@@ -250,7 +250,7 @@ def lanes_view(trace, parts=None):
             colour, text = COMPUTE_COLOURS[labels.index(c.label) % len(COMPUTE_COLOURS)], c.label
             what = c.label
             key = (colour, c.label)
-        at = c.step if times is None else max(c.step, _first_step(times, c.start, 0))
+        at = c.step if times is None else max(c.step, _first_step(times, c.start))
         at = min(at, steps)
         x0, x1 = (c.start, c.end) if timed else (c.step, c.step)
         title = (f"rank {c.rank}: {what}" + (" on stream 1" if c.stream else "")
