@@ -79,6 +79,8 @@ class Unpipelined(NamedTuple):
     stages: list
 
 
+# The reference the grader compares a stage program with: no tool for the program itself.
+@answer('pipeline_stage')
 def unpipelined(model, batch, n_stages, m):
     """What a pipeline of ``n_stages`` stages must compute on ``batch = (x, y)`` in
     ``m`` microbatches (``np.array_split``'s), computed in one process without a
