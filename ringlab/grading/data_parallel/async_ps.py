@@ -57,6 +57,7 @@ from ..kit.report import Case, Failure, numbers
 
 from ..kit.running import plain_array, run_case
 from ...data_parallel.async_ps import NETWORK, replay, run_async_ps
+from ...data_parallel.async_ps import clocks as ssp_clocks
 from ...data_parallel.ps_task import PSTask
 
 NAME = "async_ps"
@@ -319,9 +320,7 @@ def _final(r):
 def _staleness(r):
     """11-12. The SSP bound, and no waiting beyond it."""
     workers, order, down, version, s, index, up, fail = r.workers, r.order, r.down, r.version, r.s, r.index, r.up, r.fail
-    clocks = [dict.fromkeys(workers, 0)]            # per version: gradients of each worker
-    for w in order:
-        clocks.append({**clocks[-1], w: clocks[-1][w] + 1})
+    clocks = ssp_clocks(workers, order)             # per version: gradients of each worker
     for w in workers:
         for k in range(len(down[w]) - 1):
             v = version[w, k]
