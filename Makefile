@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: book book-shape book-then-shape shape test tests-and-notebooks unit notebooks lab grade bench clean
+.PHONY: book book-shape book-then-shape shape test unit notebooks lab grade bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
