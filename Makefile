@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: book book-shape book-then-shape shape test tests-and-notebooks unit notebooks lab grade bench clean
+.PHONY: book book-shape book-then-shape shape test unit notebooks lab grade bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -36,6 +36,9 @@ XDIST   := -n 3 --dist worksteal
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q $(XDIST)
 
+# nbval on every notebook. Not part of `make test`: tests/book/test_learner_path.py runs
+# each of these notebooks top to bottom in a kernel of its own and fails on any cell that
+# raises (all that --nbval-lax checks), so `make test` does not run them twice.
 # A notebook's cells run in order in one kernel: each notebook stays on one worker.
 notebooks: $(STAMP)
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile --nbval-lax -p no:cacheprovider \
@@ -50,18 +53,14 @@ shape:
 	RINGLAB_BOOK_HTML=$(CURDIR)/_build/html $(BIN)/python -m pytest -q -p no:cacheprovider \
 		tests/book/test_book_shape.py tests/show/test_browser.py::test_player_runs_in_the_built_book
 
-# The tests, then the notebooks, while the book builds beside them (it keeps a core
-# busy while the tests wait), followed there by the checks on the built book.
+# The tests (the notebooks' included, see `notebooks`), while the book builds beside them
+# (it keeps a core busy while the tests wait), followed there by the checks on the built book.
 test: $(STAMP)
-	$(MAKE) --no-print-directory -j2 --output-sync=target tests-and-notebooks book-then-shape
+	$(MAKE) --no-print-directory -j2 --output-sync=target unit book-then-shape
 
 book-then-shape: $(STAMP)
 	$(MAKE) --no-print-directory book
 	$(MAKE) --no-print-directory shape
-
-tests-and-notebooks: $(STAMP)
-	$(MAKE) --no-print-directory unit
-	$(MAKE) --no-print-directory notebooks
 
 lab: $(STAMP)
 	$(BIN)/python -m pip install -e '.[lab]'

@@ -42,7 +42,8 @@ def head_columns(heads, head_dim, dim):
     >>> cols.tolist(), rows.tolist()
     ([2, 3, 6, 7, 10, 11], [2, 3])
     """
-    rows = np.concatenate([np.arange(j * head_dim, (j + 1) * head_dim) for j in heads]).astype(int)
+    blocks = [np.arange(j * head_dim, (j + 1) * head_dim, dtype=int) for j in heads]
+    rows = np.concatenate(blocks)
     return np.concatenate([part * dim + rows for part in range(3)]), rows
 
 

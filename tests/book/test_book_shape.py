@@ -33,21 +33,17 @@ on the built HTML for outputs (they exist only after the chapter has run).
 import html.parser
 import os
 import re
-import time
 import unicodedata
-import urllib.parse
 from pathlib import Path
 
-import PIL.Image
 import pytest
 
-from ringlab.show import style
-from support.chromium import CHROMIUM, DRIVER, headless_chromium
+from support.built_book import WINDOW
+from support.chromium import CHROMIUM, DRIVER
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOK_HTML = os.environ.get("RINGLAB_BOOK_HTML")
 CODE_WIDTH = OUTPUT_WIDTH = 88
-WINDOW = (1400, 900)
 MAX_SCREENS = 12
 
 # chapter -> the checks it does not pass yet ("height", "output width")
@@ -264,40 +260,8 @@ def test_output_parser_finds_pre_in_cell_outputs():
     assert ["".join(b) for b in p.blocks] == ["a < b\nline 2"]
 
 
-@pytest.fixture(scope="module")
-def window(tmp_path_factory):
-    driver = headless_chromium(tmp_path_factory.mktemp("chromium-profile"),
-                               "--disable-background-networking", "--disable-component-update",
-                               "--hide-scrollbars", f"--window-size={WINDOW[0]},{WINDOW[1]}",
-                               console=False)
-    driver.set_window_size(*WINDOW)
-    # --window-size sets the outer window; make the viewport itself 1400 x 900
-    inner = driver.execute_script("return [window.innerWidth, window.innerHeight]")
-    driver.set_window_size(2 * WINDOW[0] - inner[0], 2 * WINDOW[1] - inner[1])
-    yield driver
-    driver.quit()
-
-
-def rendered_height(driver, page):
-    driver.get(page.as_uri())
-    end = time.monotonic() + 20
-    while driver.execute_script("return document.readyState") != "complete":
-        if time.monotonic() > end:
-            raise AssertionError(f"{page} did not load")
-        time.sleep(0.1)
-    # MathJax typesets after the load and changes the heights: wait for it
-    driver.set_script_timeout(20)
-    driver.execute_async_script(
-        "const done = arguments[arguments.length - 1];"
-        "const p = window.MathJax && MathJax.startup && MathJax.startup.promise;"
-        "(p || Promise.resolve()).then(() => done(true), () => done(false));")
-    time.sleep(0.3)
-    return driver.execute_script("return document.documentElement.scrollHeight")
-
-
 # What a 1400 x 900 window shows of a page below the book's header bar.
 SHOWN = 757
-PANELS = ".ringlab-player, .ringlab-pipeline, .ringlab-analysis, .ringlab-quiz"
 
 
 # A figure drawn wider than the page is shown smaller, and its text with it: a row
@@ -305,46 +269,18 @@ PANELS = ".ringlab-player, .ringlab-pipeline, .ringlab-analysis, .ringlab-quiz"
 MIN_SCALE = 0.85
 
 
-def figure_scales(driver):
-    """(file, shown width / drawn width) of every figure in the page's cell outputs."""
-    return [(src.rsplit("/", 1)[-1], round(scale, 2)) for src, scale in driver.execute_script(
-        "return Array.from(document.querySelectorAll('.cell_output img')).filter("
-        "i => i.naturalWidth > 0).map(i => [i.src, i.clientWidth / i.naturalWidth])")]
-
-
-def smallest_texts(driver):
-    """(file, CSS px of its smallest text on the page, or None) of every figure in
-    the page's cell outputs: the points the kernel wrote into the PNG
-    (ringlab.show.style) at the file's dpi, times the figure's shown scale."""
-    found = []
-    for src, shown in driver.execute_script(
-            "return Array.from(document.querySelectorAll('.cell_output img')).filter("
-            "i => i.naturalWidth > 0).map(i => [i.src, i.clientWidth])"):
-        with PIL.Image.open(Path(urllib.parse.urlparse(urllib.parse.unquote(src)).path)) as im:
-            pt, dpi = im.text.get(style.KEY), im.info.get("dpi", (72, 72))[0]
-            px = float(pt) * dpi / 72 * shown / im.width if pt else None
-        found.append((src.rsplit("/", 1)[-1], None if px is None else round(px, 1)))
-    return found
-
-
-def panel_heights(driver):
-    """(class, height in px) of every player, explorer and quiz on the page."""
-    return [tuple(p) for p in driver.execute_script(
-        "return Array.from(document.querySelectorAll(arguments[0])).map(e => "
-        "[e.className, Math.round(e.getBoundingClientRect().height)])", PANELS)]
-
-
 @needs_built_book
 @pytest.mark.skipif(not (CHROMIUM and DRIVER),
                     reason="needs Debian's chromium and chromium-driver")
-def test_chapters_are_at_most_twelve_screens(window):
-    assert window.execute_script("return [window.innerWidth, window.innerHeight]") == list(WINDOW)
+def test_chapters_are_at_most_twelve_screens(book_window, built_book_pages):
+    """Measured in one visit per page (tests/support/built_book.py), with the JavaScript
+    check of tests/show/test_browser.py::test_player_runs_in_the_built_book."""
+    assert book_window.execute_script("return [window.innerWidth, window.innerHeight]") == list(WINDOW)
     heights, panels, scales, texts = {}, {}, {}, {}
     for md in chapters():
-        heights[md] = rendered_height(window, Path(BOOK_HTML) / f"{md}.html")
-        panels[md] = panel_heights(window)
-        scales[md] = figure_scales(window)
-        texts[md] = smallest_texts(window)
+        visit = built_book_pages[Path(BOOK_HTML) / f"{md}.html"]
+        heights[md], panels[md], scales[md] = visit.height, visit.panels, visit.scales
+        texts[md] = visit.texts
     report = "\n".join(f"{md:<32} {h:>7,} px = {h / WINDOW[1]:5.1f} screens"
                        for md, h in heights.items())
     print(f"\nrendered heights at {WINDOW[0]} x {WINDOW[1]}, folded content closed:\n{report}")

@@ -4,7 +4,8 @@ Each notebook is copied to ``student.ipynb`` (a learner renames files; the grade
 must know the exercise from the notebook's metadata) and graded once by
 ``ringlab grade student.ipynb --executed DIR``: that runs it top to bottom in a
 kernel with nbclient, as nbval does, and writes it with its outputs. One run
-gives both the grade and what the learner reads:
+gives the grade, what the learner reads, and nbval's check (every cell runs and
+none raises: `make test` runs no nbval of its own):
 
 * unsolved (``exercises/``): graded ``not implemented``; every Try-it cell prints
   exactly "not implemented yet", every grading cell the report's "not implemented
@@ -94,6 +95,10 @@ def common_checks(nb, rows, expected_result):
     assert [(r["exercise"], r["result"]) for r in rows] == [(e, expected_result) for e in exercises], rows
     assert all(not r["cell_errors"] for r in rows), rows
     code = [c for c in nb.cells if c.cell_type == "code"]
+    # what nbval --nbval-lax checks (`make notebooks`; `make test` runs each notebook here only):
+    # every code cell ran, in order, and none raised
+    ran = [c.execution_count for c in code if c.source.strip()]
+    assert None not in ran and ran == sorted(ran), "a cell did not run"
     assert all(o.output_type != "error" for c in code for o in c.outputs), "a cell raised"
     try_it, grading = sections(nb, "Try it"), sections(nb, "Grade it")
     assert len(try_it) == len(grading) == len(exercises), "one Try-it and one grading section per exercise"

@@ -248,10 +248,11 @@ def test_unlabelled_run_and_alltoall_labels(browser, tmp_path):
 
 @pytest.mark.skipif(not os.environ.get("RINGLAB_BOOK_HTML"),
                     reason="set RINGLAB_BOOK_HTML to a built book (make test does, after make book)")
-def test_player_runs_in_the_built_book(browser):
+def test_player_runs_in_the_built_book(browser, built_book_pages):
     """The real book, as `make book` built it (`make test` runs this after the
     build, with tests/book/test_book_shape.py): the Ring AllReduce chapter's player
-    renders and steps, and no page of the book logs a JavaScript error."""
+    renders and steps, and no page of the book logs a JavaScript error (each page
+    opened once for this and the shape checks: tests/support/built_book.py)."""
     html = Path(os.environ["RINGLAB_BOOK_HTML"]) / "book"
     page = html / "collectives" / "ring_allreduce.html"
     assert "RinglabPlayer.mount" in page.read_text(encoding="utf-8")
@@ -262,9 +263,10 @@ def test_player_runs_in_the_built_book(browser):
     assert len(arrows(browser, player)) == 4            # step 1: every rank sends one chunk
     browser.save_screenshot(str(html.parent.parent / "book-player-screenshot.png"))
     assert js_errors(browser) == []
-    for other in sorted(html.rglob("*.html")):           # every chapter loads cleanly
-        browser.get(other.as_uri())
-        assert js_errors(browser) == [], other.name
+    pages = sorted(html.rglob("*.html"))                  # every chapter loads cleanly
+    assert sorted(built_book_pages) == pages
+    for other in pages:
+        assert [m for m in built_book_pages[other].console if THEME_RESET not in m] == [], other.name
 
 
 @pytest.mark.parametrize("n", [2, 3, 8, 16, 32])

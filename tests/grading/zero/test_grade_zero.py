@@ -12,6 +12,7 @@ from ringlab.grading.kit.loop import grade_cases
 from ringlab.grading.trusted import banned_answers, reference_in
 
 import programs.zero as Z
+from support.cases import made_once
 
 RIGHT = {
     "zero1_step": [zero.zero1_step, Z.z1_solution, Z.z1_left_ring_sum_then_divide],
@@ -85,6 +86,13 @@ WRONG = {
 }
 CASES = [(ex, f) for ex, fs in RIGHT.items() for f in fs]
 FAILS = [(ex, *w) for ex, ws in WRONG.items() for w in ws]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def cases_made_once():
+    """Each ZeRO grader's cases for seed 0, made once for this file (tests/support/cases.py)."""
+    with made_once(["zero1_step", "zero2_step", "zero3_step"]):
+        yield
 
 
 def grade(exercise, program):
