@@ -23,6 +23,9 @@ from .config import Hardware, Layout, Model
 # RMSNorm and no biases, rotary positions, an untied output head, no dropout.
 LLAMA = dict(gated=True, bias=False, learned_positions=False, tied_embeddings=False,
              dropout=False, rotary=True)
+# What the three Llama 3 models share (Dubey et al. 2024, Table 3): 8 key/value heads,
+# a vocabulary of 128,000, context 8192.
+LLAMA3 = dict(LLAMA, kv_heads=8, seq_len=8192, vocab=128000, source="Dubey et al. 2024, Table 3")
 
 MODELS = {
     # Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1: 96 layers,
@@ -42,15 +45,10 @@ MODELS = {
     # 405B with 32/80/126 layers, model dimension 4096/8192/16384, FFN 14336/28672/53248,
     # 32/64/128 heads, 8 key/value heads, SwiGLU, vocabulary 128,000, RoPE; context 8192
     # (Table 4, p. 10). Like Llama 2: RMSNorm, no biases, no dropout, untied head.
-    "llama3-8b": Model("llama3-8b", layers=32, hidden=4096, heads=32, kv_heads=8,
-                       seq_len=8192, vocab=128000, ffn=14336, **LLAMA,
-                       source="Dubey et al. 2024, Table 3"),
-    "llama3-70b": Model("llama3-70b", layers=80, hidden=8192, heads=64, kv_heads=8,
-                        seq_len=8192, vocab=128000, ffn=28672, **LLAMA,
-                        source="Dubey et al. 2024, Table 3"),
-    "llama3-405b": Model("llama3-405b", layers=126, hidden=16384, heads=128, kv_heads=8,
-                         seq_len=8192, vocab=128000, ffn=53248, **LLAMA,
-                         source="Dubey et al. 2024, Table 3"),
+    "llama3-8b": Model("llama3-8b", layers=32, hidden=4096, heads=32, ffn=14336, **LLAMA3),
+    "llama3-70b": Model("llama3-70b", layers=80, hidden=8192, heads=64, ffn=28672, **LLAMA3),
+    "llama3-405b": Model("llama3-405b", layers=126, hidden=16384, heads=128, ffn=53248,
+                         **LLAMA3),
 }
 
 # The hardware presets. Links and peaks are datasheet numbers; what cannot be derived

@@ -24,6 +24,8 @@ import ringlab.collectives
 import ringlab.grading
 from ringlab.errors import CommError, DeadlockError, ProgramTimeout, RankError, UnreceivedMessagesError
 
+from support.both_backends import assert_same_run, same
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                 reason="backend='torch' needs PyTorch: pip install 'ringlab[torch]'")
 
@@ -85,25 +87,6 @@ def _worker_pids():
     return [w.pid for w in pool.get_pool().workers]
 
 
-def _same(a, b):
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
-                and a.shape == b.shape and np.array_equal(a, b))
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b
-
-
-def _assert_same_run(program, inputs, **kw):
-    sim = ringlab.run(program, inputs, **kw)
-    real = ringlab.run(program, inputs, backend="torch", **kw)
-    assert all(_same(a, b) for a, b in zip(sim.outputs, real.outputs)), (sim.outputs, real.outputs)
-    assert real.trace == sim.trace, sim.trace.diff(real.trace)
-    assert real.trace.spans == sim.trace.spans
-    assert real.trace.unreceived == sim.trace.unreceived
-    return sim, real
-
-
 # -- every reference collective ----------------------------------------------------
 def _variants(n):
     """Inputs that fit the usual collective signatures: a vector per rank (whole
@@ -124,7 +107,7 @@ def test_reference_collective_same_outputs_and_trace(name, world_size):
             ringlab.run(program, inputs)
         except RankError:
             continue                       # this input shape doesn't fit; try the next
-        sim, real = _assert_same_run(program, inputs)
+        sim, real = assert_same_run(program, inputs)
         assert len(sim.trace) > 0
         return
     pytest.fail(f"no input in _variants fits ringlab.collectives.{name}; add one")
@@ -162,7 +145,7 @@ def test_in_place_ring_allreduce_on_real_processes():
 
 def test_kwargs_args_and_odd_arrays_travel():
     from ringlab.collectives import chain_broadcast
-    _assert_same_run(chain_broadcast, [np.arange(10.0), None, None], kwargs={"segments": 3})
+    assert_same_run(chain_broadcast, [np.arange(10.0), None, None], kwargs={"segments": 3})
 
     def odd(comm, x, scale):
         right, left = (comm.rank + 1) % comm.world_size, (comm.rank - 1) % comm.world_size
@@ -179,7 +162,7 @@ def test_kwargs_args_and_odd_arrays_travel():
             got.append(comm.sendrecv(x, right, left, chunk=0))
         return got + [out, comm.step]
 
-    _assert_same_run(odd, [np.arange(5.0) + r for r in range(3)], args=(2.0,))
+    assert_same_run(odd, [np.arange(5.0) + r for r in range(3)], args=(2.0,))
 
 
 def test_buffered_sends_and_unwaited_irecvs_as_in_the_simulator():
@@ -188,7 +171,7 @@ def test_buffered_sends_and_unwaited_irecvs_as_in_the_simulator():
         comm.send(x, (comm.rank + 1) % n)
         return comm.recv((comm.rank - 1) % n)
 
-    _assert_same_run(everyone_sends_first, [np.full(300_000, r, float) for r in range(3)])
+    assert_same_run(everyone_sends_first, [np.full(300_000, r, float) for r in range(3)])
 
     def posts_more_than_it_waits(comm, x):   # the simulator counts posted irecvs as received
         if comm.rank == 0:
@@ -198,7 +181,7 @@ def test_buffered_sends_and_unwaited_irecvs_as_in_the_simulator():
         first, _, _ = comm.irecv(0), comm.irecv(0, tag=2), comm.irecv(0)
         return first.wait()
 
-    _assert_same_run(posts_more_than_it_waits, [np.arange(3.0), np.zeros(3)])
+    assert_same_run(posts_more_than_it_waits, [np.arange(3.0), np.zeros(3)])
 
 
 def test_received_arrays_the_program_keeps_are_never_overwritten():
@@ -306,7 +289,7 @@ def test_a_rank_that_raises_stops_the_run_and_names_rank_and_line():
     assert 'raise ValueError("rank 1 gives up")' in e.program_traceback   # the learner's own line
     assert not any(_alive(p) for p in before), "the run's processes must be gone"
     # ... and the next run works on fresh workers
-    _assert_same_run(ringlab.collectives.ring_allreduce, [np.arange(5.0)] * 3)
+    assert_same_run(ringlab.collectives.ring_allreduce, [np.arange(5.0)] * 3)
 
 
 def bad_dst(comm, x):
@@ -442,7 +425,7 @@ def test_unreceived_messages_and_a_dying_process():
     real = pytest.raises(UnreceivedMessagesError, ringlab.run, sends_one_too_many, [np.ones(2)] * 2,
                          backend="torch").value
     assert real.leftovers == sim.leftovers and len(real.leftovers) == 1
-    _assert_same_run(sends_one_too_many, [np.ones(2)] * 2, check_unreceived=False)
+    assert_same_run(sends_one_too_many, [np.ones(2)] * 2, check_unreceived=False)
     with pytest.raises(RankError, match="the process of rank 1 died"):
         ringlab.run(dies, [np.ones(2)] * 2, backend="torch")
 
@@ -480,7 +463,7 @@ def test_gpu_framing_gives_the_same_outputs_and_trace(name):
         except RankError:
             continue
         real = ringlab.run(_with_device_framing(program), inputs, backend="torch")
-        assert all(_same(a, b) for a, b in zip(sim.outputs, real.outputs))
+        assert all(same(a, b) for a, b in zip(sim.outputs, real.outputs))
         assert real.trace == sim.trace, sim.trace.diff(real.trace)
         return
     pytest.fail(f"no input in _variants fits {name}")
@@ -544,7 +527,7 @@ def test_a_busy_port_is_no_obstacle(monkeypatch):
         s.listen()
         monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
         monkeypatch.setenv("MASTER_PORT", str(s.getsockname()[1]))
-        _assert_same_run(ringlab.collectives.ring_allreduce, [np.arange(6.0)] * 2)
+        assert_same_run(ringlab.collectives.ring_allreduce, [np.arange(6.0)] * 2)
 
 
 def test_killing_the_parent_takes_the_workers_with_it():

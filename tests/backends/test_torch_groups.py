@@ -12,6 +12,8 @@ import ringlab
 from ringlab.collectives import ring_allreduce
 from ringlab.errors import RankError
 
+from support.both_backends import assert_same_run, same
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                 reason="backend='torch' needs PyTorch: pip install 'ringlab[torch]'")
 
@@ -23,23 +25,6 @@ def pool():
     pool.shutdown()
 
 
-def _same(a, b):
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape and np.array_equal(a, b)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b
-
-
-def _assert_same_run(program, inputs, **kw):
-    sim = ringlab.run(program, inputs, **kw)
-    real = ringlab.run(program, inputs, backend="torch", **kw)
-    assert all(_same(a, b) for a, b in zip(sim.outputs, real.outputs)), (sim.outputs, real.outputs)
-    assert real.trace == sim.trace, sim.trace.diff(real.trace)
-    assert real.trace.spans == sim.trace.spans
-    return sim, real
-
-
 def mesh_allreduce(comm, x):
     mesh = ringlab.DeviceMesh(comm, (2, 2), ("dp", "tp"))
     row = ring_allreduce(mesh.group("tp"), x)
@@ -48,7 +33,7 @@ def mesh_allreduce(comm, x):
 
 def test_device_mesh_allreduce_over_each_axis():
     xs = [np.arange(6.0) * (r + 1) for r in range(4)]
-    sim, real = _assert_same_run(mesh_allreduce, xs)
+    sim, real = assert_same_run(mesh_allreduce, xs)
     assert all(np.array_equal(out, np.sum(xs, axis=0)) for out, _, _ in real.outputs)
     assert real.trace.groups == ["tp[0]", "tp[1]", "dp[0]", "dp[1]"]
     # every event keeps its group and its place on its channel
@@ -69,7 +54,7 @@ def unnamed_groups_and_repeats(comm, x):
 
 
 def test_group_labels_and_rank_order_are_the_simulators():
-    sim, real = _assert_same_run(unnamed_groups_and_repeats, [np.full(2, float(r)) for r in range(3)])
+    sim, real = assert_same_run(unnamed_groups_and_repeats, [np.full(2, float(r)) for r in range(3)])
     assert [g for g in real.trace.groups] == [(0, 1), "(0, 1)#2", "pair"]
 
 
@@ -84,7 +69,7 @@ def split_and_barrier(comm, x):
 
 def test_split_and_barrier():
     xs = [np.arange(4.0) + 10 * r for r in range(4)]
-    sim, real = _assert_same_run(split_and_barrier, xs)
+    sim, real = assert_same_run(split_and_barrier, xs)
     assert real.outputs[0][1:4] == (1, "half[0]", True)    # key=-rank: rank 2 comes first
 
 
@@ -100,7 +85,7 @@ def overlapped(comm, x):
 
 def test_comm_start_overlaps_and_wait_returns_the_result():
     xs = [np.arange(5.0) * (r + 1) for r in range(3)]
-    sim, real = _assert_same_run(overlapped, xs)
+    sim, real = assert_same_run(overlapped, xs)
     assert np.array_equal(real.outputs[0][0], np.sum(xs, axis=0))
     assert {e.stream for e in real.trace} == {0, 1}
     assert all(e.start is None and e.end is None for e in real.trace)
@@ -117,7 +102,7 @@ def start_on_a_group(comm, x):
 
 
 def test_works_on_groups():
-    _assert_same_run(start_on_a_group, [np.arange(3.0) + r for r in range(4)])
+    assert_same_run(start_on_a_group, [np.arange(3.0) + r for r in range(4)])
 
 
 def failing_work(comm, x):
@@ -224,5 +209,5 @@ def test_gpu_framing_in_groups():
     xs = [np.arange(4.0) * (r + 1) for r in range(4)]
     sim = ringlab.run(mesh_allreduce, xs)
     real = ringlab.run(framed, xs, backend="torch")
-    assert all(_same(a[:2], b) for a, b in zip(sim.outputs, real.outputs))
+    assert all(same(a[:2], b) for a, b in zip(sim.outputs, real.outputs))
     assert real.trace == sim.trace

@@ -260,18 +260,9 @@ def test_communication_from_a_thread_of_the_programs_own_is_refused():
 
 
 def test_right_solution_passes_isolated():
-    def mine(comm, x):          # a learner's ring AllReduce, sent by value
-        n, rank = comm.world_size, comm.rank
-        out = x.copy()
-        chunks = np.array_split(out, n)
-        for k in range(n - 1):
-            s, r = (rank - k) % n, (rank - k - 1) % n
-            chunks[r] += comm.sendrecv(chunks[s], (rank + 1) % n, (rank - 1) % n)
-        for k in range(n - 1):
-            s, r = (rank + 1 - k) % n, (rank - k) % n
-            chunks[r][...] = comm.sendrecv(chunks[s], (rank + 1) % n, (rank - 1) % n)
-        return out
-    assert grade_isolated("ring_allreduce", mine).passed
+    namespace = {}
+    exec(MINE, namespace)        # a learner's ring AllReduce (the notebooks' below), sent by value
+    assert grade_isolated("ring_allreduce", namespace["ring_allreduce"]).passed
 
 
 def test_errors_deadlocks_and_comm_errors_are_diagnosed_as_in_process():

@@ -11,26 +11,11 @@ from ringlab.frontier.hsdp import hsdp_step as reference_step
 from ringlab.nn import mse
 from ringlab.zero import zero3_step
 
+# ZeRO-3's unit helpers: HSDP is ZeRO-3 inside each shard group
+from programs.zero import (_free, _gather, _reduce_scatter_into, _unit_backward as _backward,
+                           z3_gather_once, z3_prefetch)
+
 KEPT = {}       # what a cheat keeps between steps: id(opt) -> (opt, {unit name: full})
-
-
-def _gather(group, unit):
-    full = ring_allgather(group, unit.shard)
-    unit.layer.params.update(unit.views(full))
-    return full
-
-
-def _free(unit):
-    for k in unit.shapes:
-        unit.layer.params[k] = unit.layer.grads[k] = None
-
-
-def _backward(unit, dy):
-    grad = np.zeros(unit.padded)
-    unit.layer.grads.update(unit.views(grad))
-    for layer in reversed(unit.layers):
-        dy = layer.backward(dy)
-    return dy, grad
 
 
 def _forward(group, units, x, gather=None):
@@ -40,6 +25,18 @@ def _forward(group, units, x, gather=None):
             x = layer.forward(x)
         _free(unit)
     return x
+
+
+def _shard_group_only(shard, model, x, y, batch_size):
+    """ZeRO-3's forward and backward in the shard group, each unit's gradient
+    ReduceScattered there and nothing more (no replica AllReduce, no Adam): the loss."""
+    loss, dy = mse(_forward(shard, model.units, x), y)
+    for unit in reversed(model.units):
+        _gather(shard, unit)
+        dy, grad = _backward(unit, dy)
+        _reduce_scatter_into(shard, unit, grad, len(x) / batch_size)
+        _free(unit)
+    return loss
 
 
 def solution(comm, mesh, model, opt, x, y, batch_size, *, sync=None, weight=None, after=1.0,
@@ -73,14 +70,8 @@ def sum_then_divide(comm, mesh, model, opt, x, y, batch_size):
 
 def replicas_deferred(comm, mesh, model, opt, x, y, batch_size):
     """Backward with ReduceScatters only, then one AllReduce per unit, then Adam."""
-    shard, replicate = mesh.group("shard"), mesh.group("replicate")
-    loss, dy = mse(_forward(shard, model.units, x), y)
-    for unit in reversed(model.units):
-        _gather(shard, unit)
-        dy, grad = _backward(unit, dy)
-        grad *= len(x) / batch_size
-        unit.grad_shard[...] = ring_reduce_scatter(shard, grad)
-        _free(unit)
+    replicate = mesh.group("replicate")
+    loss = _shard_group_only(mesh.group("shard"), model, x, y, batch_size)
     for unit in reversed(model.units):
         unit.grad_shard[...] = ring_allreduce(replicate, unit.grad_shard)
     opt.step(model.grad_shards())
@@ -89,31 +80,12 @@ def replicas_deferred(comm, mesh, model, opt, x, y, batch_size):
 
 def prefetch(comm, mesh, model, opt, x, y, batch_size):
     """FSDP's prefetch in the shard group: the next unit's AllGather on the
-    communication stream while this one computes."""
-    shard, replicate = mesh.group("shard"), mesh.group("replicate")
-    units = model.units
-    pending = {0: shard.start(ring_allgather, units[0].shard)}
-    for i, unit in enumerate(units):
-        unit.layer.params.update(unit.views(pending.pop(i).wait()))
-        if i + 1 < len(units):
-            pending[i + 1] = shard.start(ring_allgather, units[i + 1].shard)
-        for layer in unit.layers:
-            x = layer.forward(x)
-        _free(unit)
-    loss, dy = mse(x, y)
-    pending[len(units) - 1] = shard.start(ring_allgather, units[-1].shard)
-    for i in reversed(range(len(units))):
-        unit = units[i]
-        unit.layer.params.update(unit.views(pending.pop(i).wait()))
-        if i > 0:
-            pending[i - 1] = shard.start(ring_allgather, units[i - 1].shard)
-        dy, grad = _backward(unit, dy)
-        grad *= len(dy) / batch_size
-        unit.grad_shard[...] = ring_reduce_scatter(shard, grad)
-        ring_allreduce(replicate, unit.grad_shard, out=unit.grad_shard)
-        _free(unit)
-    opt.step(model.grad_shards())
-    return loss
+    communication stream while this one computes; each unit's shard AllReduced
+    across the replicas after its ReduceScatter."""
+    replicate = mesh.group("replicate")
+    return z3_prefetch(mesh.group("shard"), model, opt, x, y, batch_size, mse,
+                       then=lambda unit: ring_allreduce(replicate, unit.grad_shard,
+                                                        out=unit.grad_shard))
 
 
 # ------------------------------------------------------------------------ wrong
@@ -166,20 +138,10 @@ def equal_weights(comm, mesh, model, opt, x, y, batch_size):
 
 def gather_once(comm, mesh, model, opt, x, y, batch_size):
     """Gathered for forward and kept for backward: one AllGather per unit."""
-    shard, replicate = mesh.group("shard"), mesh.group("replicate")
-    for unit in model.units:
-        _gather(shard, unit)
-        for layer in unit.layers:
-            x = layer.forward(x)
-    loss, dy = mse(x, y)
-    for unit in reversed(model.units):
-        dy, grad = _backward(unit, dy)
-        grad *= len(dy) / batch_size
-        unit.grad_shard[...] = ring_reduce_scatter(shard, grad)
-        ring_allreduce(replicate, unit.grad_shard, out=unit.grad_shard)
-        _free(unit)
-    opt.step(model.grad_shards())
-    return loss
+    replicate = mesh.group("replicate")
+    return z3_gather_once(mesh.group("shard"), model, opt, x, y, batch_size, mse,
+                          then=lambda unit: ring_allreduce(replicate, unit.grad_shard,
+                                                           out=unit.grad_shard))
 
 
 def gather_all_up_front(comm, mesh, model, opt, x, y, batch_size):
@@ -196,8 +158,7 @@ def gather_all_up_front(comm, mesh, model, opt, x, y, batch_size):
     for unit in reversed(model.units):
         unit.layer.params.update(unit.views(fulls.pop(0)))
         dy, grad = _backward(unit, dy)
-        grad *= len(dy) / batch_size
-        unit.grad_shard[...] = ring_reduce_scatter(shard, grad)
+        _reduce_scatter_into(shard, unit, grad, len(dy) / batch_size)
         ring_allreduce(mesh.group("replicate"), unit.grad_shard, out=unit.grad_shard)
         _free(unit)
     opt.step(model.grad_shards())
@@ -286,14 +247,8 @@ def bucketed_replicate_allreduce(comm, mesh, model, opt, x, y, batch_size):
     """A right HSDP step whose replicate AllReduce is one bucket of every unit's
     gradient shard, after backward (a red team's program): the grader reads one
     unit per AllReduce, and its hint says so."""
-    shard, replicate = mesh.group("shard"), mesh.group("replicate")
-    loss, dy = mse(_forward(shard, model.units, x), y)
-    for unit in reversed(model.units):
-        _gather(shard, unit)
-        dy, grad = _backward(unit, dy)
-        grad *= len(x) / batch_size
-        unit.grad_shard[...] = ring_reduce_scatter(shard, grad)
-        _free(unit)
+    replicate = mesh.group("replicate")
+    loss = _shard_group_only(mesh.group("shard"), model, x, y, batch_size)
     flat = ring_allreduce(replicate, np.concatenate([u.grad_shard for u in model.units]))
     ends = np.cumsum([u.grad_shard.size for u in model.units])[:-1]
     for unit, part in zip(model.units, np.split(flat, ends)):

@@ -86,6 +86,25 @@ RS = lambda r, k, n: ((r - k) % n, (r - k - 1) % n, True)          # noqa: E731
 AG = lambda r, k, n: ((r + 1 - k) % n, (r - k) % n, False)         # noqa: E731
 
 
+def _sendrecv_ring(comm, x, rs_steps=-1, ag_steps=-1, chunks_of=np.array_split, rs_from=-1,
+                   last_stops=False):
+    """The plain ring with sendrecv: N + ``rs_steps`` reduce-scatter steps, receiving
+    from rank r + ``rs_from``, then N + ``ag_steps`` all-gather steps, on the chunks
+    ``chunks_of(out, N)``; with ``last_stops`` rank N-1 returns after the
+    reduce-scatter. The defaults are the right ring."""
+    n, r = comm.world_size, comm.rank
+    out = x.copy()
+    chunks = chunks_of(out, n)
+    for k in range(n + rs_steps):
+        chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], (r + 1) % n,
+                                                 (r + rs_from) % n)
+    if last_stops and r == n - 1:
+        return out
+    for k in range(n + ag_steps):
+        chunks[(r - k) % n][...] = comm.sendrecv(chunks[(r + 1 - k) % n], (r + 1) % n, (r - 1) % n)
+    return out
+
+
 def wrong_slot(comm, x):
     """Adds the received chunk into the slot of the chunk it sent (index from its own rank)."""
     return _ring(comm, x, lambda r, k, n: ((r - k) % n, (r - k) % n, True), AG)
@@ -105,37 +124,18 @@ def replaces_in_reduce_scatter(comm, x):
 
 
 def one_step_too_few(comm, x):
-    n, r = comm.world_size, comm.rank
-    out = x.copy()
-    chunks = np.array_split(out, n)
-    for k in range(n - 2):
-        chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], (r + 1) % n, (r - 1) % n)
-    for k in range(n - 1):
-        chunks[(r - k) % n][...] = comm.sendrecv(chunks[(r + 1 - k) % n], (r + 1) % n, (r - 1) % n)
-    return out
+    return _sendrecv_ring(comm, x, rs_steps=-2)
 
 
 def one_step_too_many(comm, x):
-    n, r = comm.world_size, comm.rank
-    out = x.copy()
-    chunks = np.array_split(out, n)
-    for k in range(n - 1):
-        chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], (r + 1) % n, (r - 1) % n)
-    for k in range(n):
-        chunks[(r - k) % n][...] = comm.sendrecv(chunks[(r + 1 - k) % n], (r + 1) % n, (r - 1) % n)
-    return out
+    return _sendrecv_ring(comm, x, ag_steps=0)
 
 
 def assumes_length_divides(comm, x):
-    n, r = comm.world_size, comm.rank
-    out = x.copy()
-    size = len(x) // n
-    chunks = [out[c * size:(c + 1) * size] for c in range(n)]
-    for k in range(n - 1):
-        chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], (r + 1) % n, (r - 1) % n)
-    for k in range(n - 1):
-        chunks[(r - k) % n][...] = comm.sendrecv(chunks[(r + 1 - k) % n], (r + 1) % n, (r - 1) % n)
-    return out
+    def equal_chunks(out, n):
+        size = len(x) // n
+        return [out[c * size:(c + 1) * size] for c in range(n)]
+    return _sendrecv_ring(comm, x, chunks_of=equal_chunks)
 
 
 def whole_vectors_around_ring(comm, x):
@@ -175,14 +175,7 @@ def not_implemented(comm, x):
 
 
 def all_gather_one_step_too_few(comm, x):
-    n, r = comm.world_size, comm.rank
-    out = x.copy()
-    chunks = np.array_split(out, n)
-    for k in range(n - 1):
-        chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], (r + 1) % n, (r - 1) % n)
-    for k in range(n - 2):
-        chunks[(r - k) % n][...] = comm.sendrecv(chunks[(r + 1 - k) % n], (r + 1) % n, (r - 1) % n)
-    return out
+    return _sendrecv_ring(comm, x, ag_steps=-2)
 
 
 def bad_neighbour(comm, x):
@@ -196,28 +189,12 @@ def bad_neighbour(comm, x):
 
 def last_rank_skips_all_gather(comm, x):
     """Rank N-1 returns after the reduce-scatter: its right neighbour waits for it forever."""
-    n, r = comm.world_size, comm.rank
-    out = x.copy()
-    chunks = np.array_split(out, n)
-    for k in range(n - 1):
-        chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], (r + 1) % n, (r - 1) % n)
-    if r == n - 1:
-        return out
-    for k in range(n - 1):
-        chunks[(r - k) % n][...] = comm.sendrecv(chunks[(r + 1 - k) % n], (r + 1) % n, (r - 1) % n)
-    return out
+    return _sendrecv_ring(comm, x, last_stops=True)
 
 
 def receives_from_the_wrong_side(comm, x):
     """Sends to the right and receives from the right too: each rank waits for its right neighbour."""
-    n, r = comm.world_size, comm.rank
-    out = x.copy()
-    chunks = np.array_split(out, n)
-    for k in range(n - 1):
-        chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], (r + 1) % n, (r + 1) % n)
-    for k in range(n - 1):
-        chunks[(r - k) % n][...] = comm.sendrecv(chunks[(r + 1 - k) % n], (r + 1) % n, (r - 1) % n)
-    return out
+    return _sendrecv_ring(comm, x, rs_from=1)
 
 
 def gathers_into_a_list_one_step_short(comm, x):

@@ -183,6 +183,53 @@ def _backward(comm, model, x, y, flops_per_second, loss_fn=mse):
     return loss_and_backward(comm, model, x, y, flops_per_second, loss_fn)
 
 
+def _all_grads(backward):
+    """Runs backward to its end: every gradient, copied."""
+    grads = {}
+    for ready in backward:
+        grads.update({k: g.copy() for k, g in ready.items()})
+    return grads
+
+
+def _bucket(layout, b, grads):
+    """Bucket b's flat buffer, filled with its gradients."""
+    flat = layout.bucket(b)
+    for name in layout.names[b]:
+        flat.views[name][...] = grads[name]
+    return flat
+
+
+def _reduce_scatters_in_backward(comm, layout, backward, weight):
+    """Each bucket's ReduceScatter (of its gradients times ``weight``) started on
+    the stream as soon as backward has yielded all of them: the works."""
+    works, grads = [], {}
+    for ready in backward:
+        grads.update({k: g.copy() for k, g in ready.items()})
+        while len(works) < len(layout.names) and all(k in grads
+                                                     for k in layout.names[len(works)]):
+            flat = _bucket(layout, len(works), grads)
+            works.append(comm.start(ring_reduce_scatter, flat.data * weight))
+    return works
+
+
+def _load_buckets(model, layout, fulls):
+    """Copies each bucket's full vector (``fulls``, in bucket order) into the model."""
+    params = model.named_parameters()
+    for names, full in zip(layout.names, fulls):
+        offset = 0
+        for name in names:
+            p = params[name]
+            p[...] = full[offset:offset + p.size].reshape(p.shape)
+            offset += p.size
+
+
+def _allgather_buckets(comm, model, layout, opt, allgather=ring_allgather):
+    """Every bucket's piece of the master shard AllGathered, one bucket after the
+    other, into the model."""
+    _load_buckets(model, layout, (allgather(comm, piece)
+                                  for piece in layout.pieces(opt.params["param"])))
+
+
 def z2_solution(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
                 flops_per_second=None, reduce_scatter=ring_reduce_scatter,
                 allgather=ring_allgather, weight=None, divide=1.0):
@@ -234,23 +281,11 @@ def z2_after_backward(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout
                       flops_per_second=None):
     """Buckets reduce-scattered one by one after backward, in the program: no overlap."""
     loss, backward = _backward(comm, model, x, y, flops_per_second, loss_fn)
-    grads = {}
-    for ready in backward:
-        grads.update({k: g.copy() for k, g in ready.items()})
-    pieces = []
-    for b, names in enumerate(layout.names):
-        flat = layout.bucket(b)
-        for name in names:
-            flat.views[name][...] = grads[name]
-        pieces.append(ring_reduce_scatter(comm, flat.data * (len(x) / batch_size)))
+    grads = _all_grads(backward)
+    pieces = [ring_reduce_scatter(comm, _bucket(layout, b, grads).data * (len(x) / batch_size))
+              for b in range(len(layout.names))]
     opt.step(np.concatenate(pieces))
-    params = model.named_parameters()
-    for names, piece in zip(layout.names, layout.pieces(opt.params["param"])):
-        full, offset = ring_allgather(comm, piece), 0
-        for name in names:
-            params[name][...] = full[offset:offset + params[name].size].reshape(
-                params[name].shape)
-            offset += params[name].size
+    _allgather_buckets(comm, model, layout, opt)
     return loss
 
 
@@ -281,23 +316,13 @@ def z2_forward_order(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
                      flops_per_second=None):
     """Reduce-scatters the buckets after backward, last bucket first."""
     loss, backward = _backward(comm, model, x, y, flops_per_second, loss_fn)
-    grads = {}
-    for ready in backward:
-        grads.update({k: g.copy() for k, g in ready.items()})
+    grads = _all_grads(backward)
     works = {}
     for b in reversed(range(len(layout.names))):
-        flat = layout.bucket(b)
-        for name in layout.names[b]:
-            flat.views[name][...] = grads[name]
-        works[b] = comm.start(ring_reduce_scatter, flat.data * (len(x) / batch_size))
+        works[b] = comm.start(ring_reduce_scatter,
+                              _bucket(layout, b, grads).data * (len(x) / batch_size))
     opt.step(np.concatenate([works[b].wait() for b in range(len(layout.names))]))
-    params = model.named_parameters()
-    for names, piece in zip(layout.names, layout.pieces(opt.params["param"])):
-        full, offset = ring_allgather(comm, piece), 0
-        for name in names:
-            params[name][...] = full[offset:offset + params[name].size].reshape(
-                params[name].shape)
-            offset += params[name].size
+    _allgather_buckets(comm, model, layout, opt)
     return loss
 
 
@@ -312,15 +337,7 @@ def z2_no_allgather(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
     params = model.named_parameters()
     own_piece_only.current = None
     loss, backward = _backward(comm, model, x, y, flops_per_second, loss_fn)
-    works, grads = [], {}
-    for ready in backward:
-        grads.update({k: g.copy() for k, g in ready.items()})
-        while len(works) < len(layout.names) and all(k in grads
-                                                     for k in layout.names[len(works)]):
-            flat = layout.bucket(len(works))
-            for k in layout.names[len(works)]:
-                flat.views[k][...] = grads[k]
-            works.append(comm.start(ring_reduce_scatter, flat.data * (len(x) / batch_size)))
+    works = _reduce_scatters_in_backward(comm, layout, backward, len(x) / batch_size)
     opt.step(np.concatenate([w.wait() for w in works]))
     for b, (names, piece) in enumerate(zip(layout.names, layout.pieces(opt.params["param"]))):
         flat = FlatBuffer({k: params[k] for k in names}, pad_to=n)
@@ -340,13 +357,7 @@ def z2_whole_flat_reduce_scatter(comm, model, opt, x, y, batch_size, loss_fn=mse
     g = flatten(model.named_grads()).data * (len(x) / batch_size)
     g = np.concatenate([g, np.zeros(layout.padded_numel - len(g))])
     opt.step(ring_reduce_scatter(comm, g))
-    params = model.named_parameters()
-    for names, piece in zip(layout.names, layout.pieces(opt.params["param"])):
-        full, offset = ring_allgather(comm, piece), 0
-        for name in names:
-            params[name][...] = full[offset:offset + params[name].size].reshape(
-                params[name].shape)
-            offset += params[name].size
+    _allgather_buckets(comm, model, layout, opt)
     return loss
 
 
@@ -356,25 +367,11 @@ def z2_one_allgather_of_the_shard(comm, model, opt, x, y, batch_size, loss_fn=ms
     buckets' pieces at once), cut back into buckets afterwards."""
     n = comm.world_size
     loss, backward = _backward(comm, model, x, y, flops_per_second, loss_fn)
-    works, grads = [], {}
-    for ready in backward:
-        grads.update({k: g.copy() for k, g in ready.items()})
-        while len(works) < len(layout.names) and all(k in grads
-                                                     for k in layout.names[len(works)]):
-            flat = layout.bucket(len(works))
-            for k in layout.names[len(works)]:
-                flat.views[k][...] = grads[k]
-            works.append(comm.start(ring_reduce_scatter, flat.data * (len(x) / batch_size)))
+    works = _reduce_scatters_in_backward(comm, layout, backward, len(x) / batch_size)
     opt.step(np.concatenate([w.wait() for w in works]))
     every = ring_allgather(comm, opt.params["param"]).reshape(n, -1)   # every rank's shard
-    params = model.named_parameters()
-    for b, names in enumerate(layout.names):
-        full = np.concatenate([layout.pieces(every[q])[b] for q in range(n)])
-        offset = 0
-        for name in names:
-            params[name][...] = full[offset:offset + params[name].size].reshape(
-                params[name].shape)
-            offset += params[name].size
+    _load_buckets(model, layout, (np.concatenate([layout.pieces(every[q])[b] for q in range(n)])
+                                  for b in range(len(layout.names))))
     return loss
 
 
@@ -408,6 +405,16 @@ def _unit_backward(unit, dy):
     return dy, full_grad
 
 
+def _reduce_scatter_into(comm, unit, full_grad, weight, then=None):
+    """``unit``'s full gradient, times ``weight`` (in place), ReduceScattered into
+    ``unit.grad_shard``; then ``then(unit)`` if given (HSDP's AllReduce across the
+    replicas)."""
+    full_grad *= weight
+    unit.grad_shard[...] = ring_reduce_scatter(comm, full_grad)
+    if then is not None:
+        then(unit)
+
+
 def z3_solution(comm, model, opt, x, y, batch_size, loss_fn=mse, *,
                 allgather=ring_allgather, reduce_scatter=ring_reduce_scatter,
                 weight=None, divide=1.0):
@@ -434,9 +441,10 @@ def z3_left_ring_sum_then_divide(comm, model, opt, x, y, batch_size, loss_fn=mse
                        weight=lambda rows, b: rows, divide=batch_size)
 
 
-def z3_prefetch(comm, model, opt, x, y, batch_size, loss_fn=mse):
+def z3_prefetch(comm, model, opt, x, y, batch_size, loss_fn=mse, *, then=None):
     """FSDP's prefetch: the next unit's AllGather runs on the communication stream
-    while this unit computes (forward: the next unit; backward: the one before)."""
+    while this unit computes (forward: the next unit; backward: the one before).
+    ``then``: see ``_reduce_scatter_into``."""
     units, n_local = model.units, len(x)
     pending = {0: comm.start(ring_allgather, units[0].shard)}
     for i, unit in enumerate(units):
@@ -455,8 +463,7 @@ def z3_prefetch(comm, model, opt, x, y, batch_size, loss_fn=mse):
         if i > 0:
             pending[i - 1] = comm.start(ring_allgather, units[i - 1].shard)
         dy, full_grad = _unit_backward(unit, dy)
-        full_grad *= n_local / batch_size
-        unit.grad_shard[...] = ring_reduce_scatter(comm, full_grad)
+        _reduce_scatter_into(comm, unit, full_grad, n_local / batch_size, then)
         _free(unit)
     opt.step(model.grad_shards())
     return loss
@@ -469,8 +476,9 @@ def z3_allreduce(comm, model, opt, x, y, batch_size, loss_fn=mse):
                        reduce_scatter=reduce_scatter)
 
 
-def z3_gather_once(comm, model, opt, x, y, batch_size, loss_fn=mse):
-    """Gathers each unit for forward and keeps it for backward (no second AllGather)."""
+def z3_gather_once(comm, model, opt, x, y, batch_size, loss_fn=mse, *, then=None):
+    """Gathers each unit for forward and keeps it for backward (no second AllGather);
+    ``then``: see ``_reduce_scatter_into``."""
     for unit in model.units:
         _gather(comm, unit)
         for layer in unit.layers:
@@ -478,8 +486,7 @@ def z3_gather_once(comm, model, opt, x, y, batch_size, loss_fn=mse):
     loss, dy = loss_fn(x, y)
     for unit in reversed(model.units):
         dy, full_grad = _unit_backward(unit, dy)
-        full_grad *= len(x) / batch_size
-        unit.grad_shard[...] = ring_reduce_scatter(comm, full_grad)
+        _reduce_scatter_into(comm, unit, full_grad, len(x) / batch_size, then)
         _free(unit)
     opt.step(model.grad_shards())
     return loss
@@ -523,8 +530,7 @@ def z3_reduce_scatter_before_second_gather(comm, model, opt, x, y, batch_size, l
         if unit is not last:
             _gather(comm, unit)
         dy, full_grad = _unit_backward(unit, dy)
-        full_grad *= len(x) / batch_size
-        unit.grad_shard[...] = ring_reduce_scatter(comm, full_grad)
+        _reduce_scatter_into(comm, unit, full_grad, len(x) / batch_size)
         if unit is last:
             _gather(comm, unit)                 # the second AllGather, too late
         _free(unit)
@@ -631,17 +637,12 @@ def z2_zeros_and_shared_memory(comm, model, opt, x, y, batch_size, loss_fn=mse, 
         w.wait()
     total = sum(SHARED[key + ("g", q)] for q in range(n))
     opt.step(np.split(total, n)[r])
-    params = model.named_parameters()
     SHARED[key + ("p", r)] = opt.params["param"].copy()
     for b, names in enumerate(layout.names):
         ring_allgather(comm, np.zeros(layout.padded[b] // n))
     pieces = [layout.pieces(SHARED[key + ("p", q)]) for q in range(n)]
-    for b, names in enumerate(layout.names):
-        full, offset = np.concatenate([pieces[q][b] for q in range(n)]), 0
-        for name in names:
-            params[name][...] = full[offset:offset + params[name].size].reshape(
-                params[name].shape)
-            offset += params[name].size
+    _load_buckets(model, layout, (np.concatenate([pieces[q][b] for q in range(n)])
+                                  for b in range(len(layout.names))))
     return loss
 
 
@@ -720,8 +721,7 @@ def z3_into_a_preloaded_array(comm, model, opt, x, y, batch_size, loss_fn=mse):
     for unit, start in reversed(list(zip(model.units, offsets))):
         unit.layer.params.update(unit.views(ring_allgather(comm, unit.shard)))
         dy, full_grad = _unit_backward(unit, dy)
-        full_grad *= len(x) / batch_size
-        unit.grad_shard[...] = ring_reduce_scatter(comm, full_grad)
+        _reduce_scatter_into(comm, unit, full_grad, len(x) / batch_size)
         _free(unit)
     opt.step(model.grad_shards())
     return loss

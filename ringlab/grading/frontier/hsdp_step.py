@@ -3,8 +3,8 @@
 Signature: ``hsdp_step(comm, mesh, model, opt, x, y, batch_size)``. The grader
 lays the N = R x S ranks out as ``mesh = DeviceMesh(comm, (R, S),
 ("replicate", "shard"))`` (row-major: rank r is replica r // S, shard r % S).
-``model`` is ZeRO-3's grader's ``ShardedModel`` (the data of
-``ringlab.zero.ShardedModel``, no communication) built for the shard group:
+``model`` is ZeRO-3's grader's ``ShardedModel`` (``kit/units.py``: the data
+of ``ringlab.zero.ShardedModel``, no communication) built for the shard group:
 each unit keeps shard ``r % S`` of its flat parameters, padded at the end to
 ``unit.padded``, a multiple of S. ``opt`` is ``Adam`` over
 ``model.shards()``. ``(x, y)``: this rank's rows of a global batch of
@@ -36,8 +36,8 @@ memory is measured:
    padded parameters, 8 bytes each; per rank up to the rounding of
    np.array_split, all ranks together exactly 2 (R-1) Psi);
 5. each AllGather delivers to every rank each other shard of its row once;
-6. the order in the shard group: ZeRO-3's (``zero3_step.unit_order``);
-7. memory, measured as ZeRO-3's grader measures it (``zero/_measured.py``):
+6. the order in the shard group: ZeRO-3's (``kit/units.py``'s ``unit_order``);
+7. memory, measured as ZeRO-3's grader measures it (``kit/measured.py``):
    a few units in full at a time, nothing kept between steps.
 
 Part 1's collectives are tools (``USES``); ``ringlab.frontier.hsdp`` and
@@ -51,9 +51,9 @@ import numpy as np
 from ..kit.driver import callable_learner
 from ..kit.widths import measured_widths, mlp_widths, units_of
 from ..kit.report import Failure
-from ..zero import _common as C
-from ..zero import zero3_step as Z3
-from ..zero._measured import measured_steps
+from ..kit import sharded as C
+from ..kit import units as U
+from ..kit.measured import measured_steps
 from . import _hsdp
 from ...frontier.hsdp import hsdp_bytes
 from ...mesh import DeviceMesh
@@ -94,14 +94,14 @@ def cases(rng):
 def _train(comm, steps, spec, learner):
     learner = callable_learner(learner)
     S = spec["mesh"][1]
-    model = Z3.ShardedModel(mlp_model(spec["sizes"], np.random.default_rng(spec["seed"])),
+    model = U.ShardedModel(mlp_model(spec["sizes"], np.random.default_rng(spec["seed"])),
                             comm.rank % S, S)
     opt = Adam(model.shards(), spec["lr"])
     shards = [u.shard for u in model.units]
     bad, memory = measured_steps(
         comm, spec, 8 * sum(u.padded for u in model.units), steps,
         lambda mesh, x, y, batch: learner(mesh.comm, mesh, model, opt, x, y, batch),
-        lambda t: Z3.state(model, opt, shards, t, comm.rank, STAGE, "1/S"),
+        lambda t: U.state(model, opt, shards, t, comm.rank, STAGE, "1/S"),
         make=lambda c: DeviceMesh(c, spec["mesh"], AXES))
     if bad:
         return bad
@@ -122,7 +122,7 @@ def check(program, case, backend="sim"):
     labelled, failure = _hsdp.label_all(result, case)
     return (failure or group_bytes(labelled, case) or _hsdp.every_shard_gathered(labelled, case)
             or order(labelled, case)
-            or Z3.memory(result, case, backend, STAGE, case.info["mesh"][1], "1/S"))
+            or U.memory(result, case, backend, STAGE, case.info["mesh"][1], "1/S"))
 
 
 def explain_error(failure, case):
@@ -130,7 +130,7 @@ def explain_error(failure, case):
     text = f"{failure.what}\n{failure.got or ''}"
     found = re.search(r"from shape \((\d+),?\) into shape \((\d+),?\)", text)
     if not found or "NoneType" in text:
-        return Z3.explain_error(failure)
+        return U.explain_freed(failure)
     (R, S), got = case.info["mesh"], int(found.group(1))
     groups = {R: "mesh.group('replicate') (R ranks)", R * S: "comm, all N ranks"}
     over = next((words for k, words in groups.items() if k != S and any(
@@ -232,7 +232,7 @@ def order(labelled, case):
                            per_call=lambda label: 2 * (R - 1) if label[0] == "AR" else S - 1)
         for t in range(C.STEPS):
             mine = [(k, u) for (k, u, tt), _, _ in calls if tt == t and k != "AR"]
-            failure = Z3.unit_order(case, r, t, mine, names, sizes)
+            failure = U.unit_order(case, r, t, mine, names, sizes)
             if failure:
                 return failure
     return None

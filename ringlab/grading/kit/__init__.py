@@ -2,7 +2,9 @@
 case), ``checks`` (trace checks and the integrity of the grader's modules),
 ``blocks`` and ``sums`` / ``contributions`` (what a message's payload holds),
 ``broadcast`` and ``reductions`` (what the graders of broadcasts and of
-reductions share),
+reductions share), ``sharded``, ``measured`` and ``units`` (what the graders
+of ZeRO-1/2/3 and HSDP share: cases, reference, message labels; the measured
+step loop; FSDP's units),
 ``causality`` (a message carries only what its sender knew), ``deadlock``
 (diagnoses), ``apart`` (the self-check in a process of its own), ``driver``
 (what a grader's driver uses inside the ranks), ``memory`` (what a rank's

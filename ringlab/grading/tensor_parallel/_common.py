@@ -5,7 +5,9 @@ A grader module describes its layer (see ``column_parallel_linear.py``):
 one tensor-parallel group's input and output gradient and returns an
 ``Expected``: each rank's inputs, the outputs the unsharded ``ringlab.nn``
 layer gives for that rank's block, what each pass may communicate (``Pass``)
-and the usual mistakes as formulas (``Mistake``).
+and the usual mistakes as formulas (``Mistake``). Its tables name what the
+reports say of the layer; ``NO_COMM`` (why a pass needs no message) only where a
+pass sends none, ``ERROR_HINT`` only where a case requires an error.
 
 The checks, in order, on every case:
 
@@ -778,6 +780,11 @@ USES, DEPENDS_ON_ALL = ("collectives",), True
 GROUPS = [(2, None), (1, None), (3, None), (4, None), (2, (2, 2)), (3, (2, 3)), (4, None)]
 
 
+def on_groups(dims):
+    """A layer's cases: ``(t, mesh, dims)``, its ``dims`` for each of the GROUPS in turn."""
+    return [(*g, d) for g, d in zip(GROUPS, dims)]
+
+
 def grader(layer):
     """The grader module ``layer``'s ``cases(rng)`` and ``check(program, case, backend)``."""
     def cases(rng):
@@ -832,6 +839,18 @@ def g_mistakes(parts, bias, t, bias_name, alone, hint):
 
 
 # -- the MLP and attention: f -> local work -> g, one AllReduce each way -------------------
+# What the two blocks' tables say alike: Y and dX whole on every rank, proj's bias whole.
+BLOCK_SHAPES = {"y": "(b, s, h): the whole Y on every rank", "dx": "(b, s, h): the whole dX",
+                "proj.bias": "(h,): the whole db"}
+BLOCK_BLOCKS = {"y": "whole Y", "dx": "whole dX", "proj.bias": "whole proj db"}
+PROJ_BIAS_HINT = "proj's db = dY summed over batch and sequence, on every rank: no AllReduce."
+G_ONCE = "AllReduce it once (Megatron's g), then add proj_bias once."
+
+
+def f_hint(through):
+    """A block's hint for backward: rank r's dX flows only ``through`` its part."""
+    return (f"Backward, rank r's dX is only the part that flows through its {through}: "
+            f"AllReduce it once (Megatron's f).")
 SWAPPED_HINT = ("f: identity forward, AllReduce of dX backward; g: AllReduce of Y forward, "
                 "identity backward.")
 

@@ -27,9 +27,8 @@ from ._common import Expected, Mistake, Pass, block, by_key, shard
 NAME = "column_parallel_linear"
 GRADS = ("weight", "bias")
 # (b, s, d_in, d_out) for each of the groups every layer is graded on
-CASES = [(*g, dims) for g, dims in zip(common.GROUPS, [
-    (3, 5, 5, 8), (2, 3, 4, 6), (2, 5, 7, 9), (3, 5, 6, 8),
-    (3, 3, 4, 6), (2, 4, 5, 6), (5, 2, 9, 12)])]
+CASES = common.on_groups([(3, 5, 5, 8), (2, 3, 4, 6), (2, 5, 7, 9), (3, 5, 6, 8),
+                          (3, 3, 4, 6), (2, 4, 5, 6), (5, 2, 9, 12)])
 RETURNS = ("column_parallel_linear(comm, x, weight, bias) -> (y, backward); "
            "backward(dy) -> (dx, {'weight': ..., 'bias': ...})")
 SHAPES = {"y": "(b, s, d_out/t): this rank's columns of Y", "dx": "(b, s, d_in): the whole dX",
@@ -53,7 +52,6 @@ HINTS = {"y": "Y_r = x @ weight[:, cols_r] + bias[cols_r], cols_r block r of ran
 # A wrong value made before a right AllReduce: the local part of the pass.
 LOCAL = {"dx": "Backward on rank r: dY_r @ weight[:, cols_r]^T (dY_r: its columns of dY), then "
                "the AllReduce."}
-ERROR_HINT = None
 SPLIT = {"y": (-1, "cols"), "weight": (-1, "cols"), "bias": (-1, "cols")}
 
 

@@ -31,37 +31,32 @@ from ...nn import MLP, GeLU
 NAME = "megatron_mlp"
 GRADS = ("fc.weight", "fc.bias", "proj.weight", "proj.bias")
 # (b, s, h, H4) for each of the groups every layer is graded on
-CASES = [(*g, dims) for g, dims in zip(common.GROUPS, [
-    (3, 5, 4, 8), (2, 3, 4, 8), (2, 5, 6, 12), (3, 5, 6, 16),
-    (3, 3, 4, 10), (2, 4, 5, 9), (5, 2, 8, 24)])]
+CASES = common.on_groups([(3, 5, 4, 8), (2, 3, 4, 8), (2, 5, 6, 12), (3, 5, 6, 16),
+                          (3, 3, 4, 10), (2, 4, 5, 9), (5, 2, 8, 24)])
 RETURNS = ("megatron_mlp(comm, x, fc_weight, fc_bias, proj_weight, proj_bias) -> (y, backward); "
            "backward(dy) -> (dx, {'fc.weight', 'fc.bias', 'proj.weight', 'proj.bias'})")
-SHAPES = {"y": "(b, s, h): the whole Y on every rank", "dx": "(b, s, h): the whole dX",
-          "fc.weight": "(h, H4/t): this rank's columns of fc", "fc.bias": "(H4/t,)",
-          "proj.weight": "(H4/t, h): this rank's rows of proj", "proj.bias": "(h,): the whole db"}
+SHAPES = {**common.BLOCK_SHAPES, "fc.weight": "(h, H4/t): this rank's columns of fc",
+          "fc.bias": "(H4/t,)", "proj.weight": "(H4/t, h): this rank's rows of proj"}
 SHAPE_HINT = ("Rank r owns hidden units r*H4/t .. (r+1)*H4/t - 1: fc_weight[:, hid], "
               "fc_bias[hid], proj_weight[hid, :], and the whole proj_bias.")
-BLOCKS = {"y": "whole Y", "dx": "whole dX", "fc.weight": "columns of fc's dW (this rank's)",
-          "fc.bias": "part of fc's db (this rank's)", "proj.weight": "rows of proj's dW "
-          "(this rank's)", "proj.bias": "whole proj db"}
-NO_COMM = {}
+BLOCKS = {**common.BLOCK_BLOCKS, "fc.weight": "columns of fc's dW (this rank's)",
+          "fc.bias": "part of fc's db (this rank's)",
+          "proj.weight": "rows of proj's dW (this rank's)"}
 G_HINT = ("fc is column-parallel and proj row-parallel: rank r computes GeLU(x A_r + a_r) B_r, a "
-          "partial sum of Y. AllReduce it once (Megatron's g), then add proj_bias once.")
-F_HINT = ("Backward, rank r's dX is only the part that flows through its hidden units: "
-          "AllReduce it once (Megatron's f).")
+          "partial sum of Y. " + common.G_ONCE)
+F_HINT = common.f_hint("hidden units")
 HINTS = {"y": G_HINT, "dx": F_HINT,
          "fc.weight": "fc's dW_r = x^T dU_r, dU_r the gradient of your hidden "
                       "pre-activations: local.",
          "fc.bias": "fc's db_r = dU_r summed over batch and sequence: local.",
          "proj.weight": "proj's dW_r = GeLU(U_r)^T dY over all b*s rows: local.",
-         "proj.bias": "proj's db = dY summed over batch and sequence, on every rank: no AllReduce."}
+         "proj.bias": common.PROJ_BIAS_HINT}
 # A wrong value made before a right AllReduce: the local part of the pass.
 LOCAL = {"y": "Forward on rank r: GeLU(x @ A_r + a_r) @ B_r, with ringlab.nn's GeLU (tanh "
               "form), then the AllReduce, then proj_bias once.",
          "dx": "Backward on rank r, in reverse: dH = dY @ B_r^T, dU = dH * GeLU'(U) (GeLU's "
                "derivative at its input U = x A_r + a_r: GeLU.backward), dX_r = dU @ A_r^T; "
                "then the AllReduce."}
-ERROR_HINT = None
 SPLIT = {"fc.weight": (-1, "cols"), "fc.bias": (-1, "cols"), "proj.weight": (0, "rows")}
 
 

@@ -29,9 +29,8 @@ from ._common import Expected, Mistake, Pass, block, shard, with_bias
 NAME = "row_parallel_linear"
 GRADS = ("weight", "bias")
 # (b, s, d_in, d_out) for each of the groups every layer is graded on
-CASES = [(*g, dims) for g, dims in zip(common.GROUPS, [
-    (3, 5, 8, 5), (2, 3, 4, 6), (2, 5, 9, 7), (3, 5, 8, 6),
-    (3, 3, 6, 4), (2, 4, 6, 5), (5, 2, 12, 9)])]
+CASES = common.on_groups([(3, 5, 8, 5), (2, 3, 4, 6), (2, 5, 9, 7), (3, 5, 8, 6),
+                          (3, 3, 6, 4), (2, 4, 6, 5), (5, 2, 12, 9)])
 RETURNS = ("row_parallel_linear(comm, x, weight, bias) -> (y, backward); "
            "backward(dy) -> (dx, {'weight': ..., 'bias': ...})")
 SHAPES = {"y": "(b, s, d_out): the whole Y on every rank",
@@ -54,7 +53,6 @@ HINTS = {"y": ALLREDUCE_HINT,
 # A wrong value made before a right AllReduce: the local part of the pass.
 LOCAL = {"y": "Forward on rank r: x_r @ weight[rows_r] (x_r is rank r's shard of X), then the "
               "AllReduce, then the bias once."}
-ERROR_HINT = None
 SPLIT = {"dx": (-1, "rows"), "weight": (0, "rows")}
 
 

@@ -36,32 +36,28 @@ NAME = "tp_attention"
 GRADS = ("qkv.weight", "qkv.bias", "proj.weight", "proj.bias")
 # (b, s, h, n_heads) for each of the groups every layer is graded on; and, before the
 # 2x3 mesh, t=3 with 4 heads: the ValueError case
-CASES = [(*g, dims) for g, dims in zip(common.GROUPS, [
-    (3, 5, 8, 4), (2, 3, 4, 2), (2, 5, 6, 3), (3, 4, 8, 4),
-    (3, 3, 8, 4), (2, 4, 12, 6), (5, 3, 16, 8)])]
+CASES = common.on_groups([(3, 5, 8, 4), (2, 3, 4, 2), (2, 5, 6, 3), (3, 4, 8, 4),
+                          (3, 3, 8, 4), (2, 4, 12, 6), (5, 3, 16, 8)])
 CASES.insert(5, (3, None, (2, 3, 8, 4)))
 RETURNS = ("tp_attention(comm, x, qkv_weight, qkv_bias, proj_weight, proj_bias, n_heads) -> "
            "(y, backward); backward(dy) -> (dx, {'qkv.weight', 'qkv.bias', 'proj.weight', "
            "'proj.bias'})")
-SHAPES = {"y": "(b, s, h): the whole Y on every rank", "dx": "(b, s, h): the whole dX",
-          "qkv.weight": "(h, 3h/t): [my q | my k | my v] columns", "qkv.bias": "(3h/t,)",
-          "proj.weight": "(h/t, h): my heads' rows of proj", "proj.bias": "(h,): the whole db"}
+SHAPES = {**common.BLOCK_SHAPES, "qkv.weight": "(h, 3h/t): [my q | my k | my v] columns",
+          "qkv.bias": "(3h/t,)", "proj.weight": "(h/t, h): my heads' rows of proj"}
 SHAPE_HINT = ("Rank r owns heads r*H/t .. (r+1)*H/t - 1, i.e. columns mine = r*h/t .. "
               "(r+1)*h/t - 1 of each of q, k and v: qkv columns [mine, h + mine, 2h + mine], "
               "and rows mine of proj.")
-BLOCKS = {"y": "whole Y", "dx": "whole dX", "qkv.weight": "[my q | my k | my v] columns of dW",
-          "qkv.bias": "[my q | my k | my v] part of db", "proj.weight": "my heads' rows of "
-          "proj's dW", "proj.bias": "whole proj db"}
-NO_COMM = {}
+BLOCKS = {**common.BLOCK_BLOCKS, "qkv.weight": "[my q | my k | my v] columns of dW",
+          "qkv.bias": "[my q | my k | my v] part of db",
+          "proj.weight": "my heads' rows of proj's dW"}
 G_HINT = ("Heads are independent until proj: rank r's heads give a partial sum of Y through its "
-          "rows of proj. AllReduce it once (Megatron's g), then add proj_bias once.")
-F_HINT = ("Backward, rank r's dX is only the part that flows through its heads: AllReduce it "
-          "once (Megatron's f).")
+          "rows of proj. " + common.G_ONCE)
+F_HINT = common.f_hint("heads")
 HEADS_HINT = ("Rank r owns the contiguous heads r*H/t .. (r+1)*H/t - 1: in each of q, k and v "
               "the columns r*h/t .. (r+1)*h/t - 1 (a block of each, not one block of qkv).")
 HINTS = {"y": G_HINT, "dx": F_HINT, "qkv.weight": HEADS_HINT, "qkv.bias": HEADS_HINT,
          "proj.weight": HEADS_HINT,
-         "proj.bias": "proj's db = dY summed over batch and sequence, on every rank: no AllReduce."}
+         "proj.bias": common.PROJ_BIAS_HINT}
 # A wrong value made before a right AllReduce: the local part of the pass.
 LOCAL = {"y": "Forward on rank r, for its heads only: q, k, v from its qkv columns, causal "
               "softmax(q k^T / sqrt(head_dim)), times v, then its rows of proj; then the "

@@ -12,10 +12,10 @@ has a subtle bug. So every grader checks, on hidden models, world sizes 1 to
   rank's shard of the parameters (an AllGather's), so zeros sent for show,
   an AllReduce, or an AllGather of gradients followed by full Adam fail;
 * the collectives those messages add up to, in order, with their sizes;
-* real memory, measured per rank with tracemalloc (``memory.py``), never the
+* real memory, measured per rank with tracemalloc (``kit/measured.py``), never the
   memory a program reports: what a rank keeps between steps and its peak.
 
-``common.py`` holds what the three share. Each grader's module says what it
+``kit/sharded.py`` holds what the three share (with HSDP). Each grader's module says what it
 checks and why; the submissions may use ``ringlab.collectives`` (and
 ``ringlab.data_parallel.buckets`` for ZeRO-2's timed backward), never
 ``ringlab.zero``, the reference answers.

@@ -24,7 +24,7 @@ for 3 steps with world sizes 1 to 8 and unequal batch shards, and checks:
 5. the collectives they add up to, per step and rank: one ReduceScatter
    (N-1 messages) then one AllGather (N-1 messages), nothing else: no
    AllReduce, no AllGather of gradients;
-6. real memory, in the cases that say so (see ``memory.py``: measured with
+6. real memory, in the cases that say so (see ``kit/measured.py``: measured with
    tracemalloc per rank, never reported by the program): after each step the
    rank keeps no more than it was handed (a full master copy or full Adam
    moments kept between steps fail), and its peak during the step stays
@@ -41,8 +41,8 @@ from ..kit.report import Failure
 
 from ..kit.running import run_case
 from ..kit.driver import callable_learner
-from . import _common as C
-from ._measured import measured_steps, resident_loaded, resident_marks
+from ..kit import sharded as C
+from ..kit.measured import SLACK, measured_steps, resident_loaded, resident_marks
 from ...nn import Adam, FlatBuffer, flatten, mlp_model
 
 NAME = "zero1_step"
@@ -59,7 +59,7 @@ def cases(rng):
                               (8, 12, False), (5, 9, False), (4, 9, True)):
         if measure:
             # Large enough (11 MB) that a full copy kept is plain in the process's
-            # resident memory too, which ringlab grade reads from outside (memory.py).
+            # resident memory too, which ringlab grade reads from outside (kit/measured.py).
             sizes = [400, 1000, 1000, int(rng.integers(5, 8))]
         else:
             sizes = [int(rng.integers(3, 6)), int(rng.integers(n + 4, n + 9)),
@@ -129,21 +129,11 @@ def model_state(model, shapes, r):
 
 
 def check(program, case, backend="sim"):
-    result, failure = C.trained(_train, program, case, backend, explain_error)
+    result, failure = C.trained(_train, program, case, backend, C.explain_padding)
     return (failure or same_on_every_rank(result, case)
             or C.compare_params(case, result.outputs[0][1], "rank 0")
             or master_shards(result, case) or collectives(result, case)
             or memory(result, case, backend))
-
-
-def explain_error(failure):
-    text = f"{failure.what}\n{failure.got or ''}"
-    if "could not be broadcast" in text or "shape" in text and "(" in text:
-        failure.hint = ("Shapes disagree: the flat gradient must be padded with zeros at the "
-                        "end to a multiple of N (flatten(grads, pad_to=N)), so that the "
-                        "ReduceScatter's chunk r has exactly the size of your master shard. "
-                        + (failure.hint or ""))
-    return failure
 
 
 def same_on_every_rank(result, case):
@@ -207,7 +197,7 @@ def _names(calls):
 
 # Bounds, in flat copies of the padded model (8 bytes x Ψ_padded): what a rank may
 # hold at its peak above what it held when the step began, and what it may keep.
-PEAK_COPIES, KEEP_COPIES, SLACK = 6.0, 0.25, 32 * 1024
+PEAK_COPIES, KEEP_COPIES = 6.0, 0.25
 
 
 def memory(result, case, backend, peak_copies=PEAK_COPIES, keep_copies=KEEP_COPIES,

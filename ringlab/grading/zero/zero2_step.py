@@ -23,7 +23,7 @@ and rank: one ReduceScatter per bucket, in bucket order, then one AllGather
 per bucket, nothing else (no AllReduce); 6. the ReduceScatters run on the
 communication stream, each bucket without a layer-0 gradient starts before
 backward ends, and backward never waits for the network; 7. real memory,
-measured per rank (see ``memory.py`` and ``zero1_step``): nothing full-size
+measured per rank (see ``kit/measured.py`` and ``zero1_step``): nothing full-size
 kept between steps, a bounded peak.
 
 What memory can and cannot tell apart here: the rank's model keeps its own
@@ -47,8 +47,8 @@ import numpy as np
 from ..kit.report import Failure
 from ..kit.driver import callable_learner
 from ..kit.widths import mlp_widths
-from . import _common as C
-from ._measured import measured_steps
+from ..kit import sharded as C
+from ..kit.measured import measured_steps
 from .zero1_step import memory, model_state, shard_state
 from ...cost.alpha_beta import AlphaBeta
 from ...nn import Adam, mlp_model
@@ -94,7 +94,7 @@ def cases(rng):
                                             (4, 9, 3, 0.3, True)):
         if measure:
             # Large enough (11 MB) that a full copy kept is plain in the process's
-            # resident memory too, which ringlab grade reads from outside (memory.py).
+            # resident memory too, which ringlab grade reads from outside (kit/measured.py).
             sizes = [400, 1000, 1000, int(rng.integers(5, 8))]
         else:
             sizes = mlp_widths(rng, n, layers)
@@ -126,9 +126,9 @@ def _train(comm, steps, spec, learner):
 
 
 def check(program, case, backend="sim"):
-    from .zero1_step import explain_error, same_on_every_rank
+    from .zero1_step import same_on_every_rank
     kw = {"network": AlphaBeta(*NETWORK)} if backend == "sim" else {}
-    result, failure = C.trained(_train, program, case, backend, explain_error, **kw)
+    result, failure = C.trained(_train, program, case, backend, C.explain_padding, **kw)
     return (failure or same_on_every_rank(result, case)
             or C.compare_params(case, result.outputs[0][1], "rank 0")
             or master_pieces(result, case) or collectives(result, case)

@@ -14,7 +14,7 @@ from ringlab.frontier.hsdp import hsdp_adam, hsdp_bytes
 from ringlab.grading.frontier import hsdp_step as G
 from ringlab.grading.kit.loop import grade_cases
 from ringlab.grading.trusted import banned_answers, reference_in
-from ringlab.grading.zero import _common as common
+from ringlab.grading.kit import sharded as common
 from ringlab.zero import data_parallel_adam
 
 import programs.hsdp as P

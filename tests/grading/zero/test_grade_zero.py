@@ -7,7 +7,7 @@ import pytest
 
 import ringlab
 from ringlab import zero
-from ringlab.grading.zero import _common as common, _measured as memory
+from ringlab.grading.kit import measured as memory, sharded as common
 from ringlab.grading.kit.loop import grade_cases
 from ringlab.grading.trusted import banned_answers, reference_in
 

@@ -1,4 +1,4 @@
-"""Real memory, measured per rank, for the ZeRO graders: the step loop that
+"""Real memory, measured per rank, for the ZeRO and HSDP graders: the step loop that
 measures (``measured_steps``) and, under ``ringlab grade``, each rank process's
 resident memory read from outside. The per-rank ledger and the probe that
 wraps a rank's ``comm`` are the kit's (``kit/memory.py``), shared with the
@@ -8,8 +8,13 @@ ring attention grader.
 import numpy as np
 
 from ...backends.isolated import mark
-from ..kit.memory import Ledger, MemoryProbe, tampered
-from ..kit.report import Failure
+from .memory import Ledger, MemoryProbe, tampered
+from .report import Failure
+from .sharded import report_problem
+
+# Bytes of slack on the tracemalloc bounds of a step (Python's own objects); ZeRO-3's
+# and HSDP's bounds, in units, take half of it.
+SLACK = 32 * 1024
 
 
 def ledger_for(comm, spec, model_bytes):
@@ -32,7 +37,6 @@ def measured_steps(comm, spec, model_bytes, steps, take_step, after_step, make=N
     ``DeviceMesh`` over the probe: its groups are probed too). Returns (a
     problem or None, the per-step (start, peak) pairs as an array of shape
     (steps, 2))."""
-    from ._common import report_problem
     ledger = ledger_for(comm, spec, model_bytes)
     probe = MemoryProbe(comm, ledger) if ledger else comm
     probe = make(probe) if make else probe

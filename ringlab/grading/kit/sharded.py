@@ -1,6 +1,7 @@
-"""What the three ZeRO graders share: the hidden cases, the data-parallel
-reference, the labels of the messages, the collectives they add up to, and
-the state handed to the learner.
+"""What the graders of sharded data parallelism share (ZeRO-1, -2, -3 and
+HSDP, which is ZeRO-3 inside each shard group): the hidden cases, the
+data-parallel reference, the labels of the messages, the collectives they add
+up to, and the state handed to the learner.
 
 A *segment* is a list of parameter names laid out as one flat vector, padded
 with zeros at the end to a multiple of N and cut into N equal shards: the
@@ -13,10 +14,10 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..kit.report import Case, Failure, numbers
+from .report import Case, Failure, numbers
 
-from ..kit.running import run_case
-from ..kit.driver import problem, problem_text
+from .running import run_case
+from .driver import problem, problem_text
 from ...nn import Adam, mlp_model, mse
 
 STEPS, LR, TOL = 3, 0.01, 1e-10
@@ -210,6 +211,19 @@ def trained(train, program, case, backend, explain, **kw):
         return None, explain(failure)
     failure = read_outputs(result, case)
     return (None, failure) if failure else (result, None)
+
+
+
+def explain_padding(failure):
+    """A failed run's hint where shapes disagree: the flat gradient unpadded, or
+    padded so that a ReduceScatter's chunk is not the master shard's size."""
+    text = f"{failure.what}\n{failure.got or ''}"
+    if "could not be broadcast" in text or "shape" in text and "(" in text:
+        failure.hint = ("Shapes disagree: the flat gradient must be padded with zeros at the "
+                        "end to a multiple of N (flatten(grads, pad_to=N)), so that the "
+                        "ReduceScatter's chunk r has exactly the size of your master shard. "
+                        + (failure.hint or ""))
+    return failure
 
 
 # ---------------------------------------------------------------------------- outputs
