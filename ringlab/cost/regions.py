@@ -21,6 +21,7 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
+from ..show.style import PT
 from . import nccl, timing
 
 PALETTE = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3"]
@@ -31,7 +32,7 @@ def _regions(ax, grid, labels, xs, ys):
     ax.pcolormesh(xs, ys, grid, cmap=cmap, vmin=-0.5, vmax=len(labels) - 0.5, shading="nearest")
     ax.set_xscale("log", base=2)
     ax.legend(handles=[Patch(color=PALETTE[i], label=l) for i, l in enumerate(labels)],
-              loc="upper left", fontsize="small")
+              loc="upper left", fontsize=PT)
 
 
 def plot_algorithm_regions(algs, world_sizes, alpha, beta, gamma=0.0, sizes=None, ax=None,

@@ -34,6 +34,7 @@ import numpy as np
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
+from .style import PT
 from .timeline import COMPUTE_COLOURS, _time_unit
 from ..trace import _group
 
@@ -160,8 +161,8 @@ def plot_memory(trace, ranks=None, ax=None, by_label=True, *, group_labels=False
     handles, names = ax.get_legend_handles_labels()
     if names:       # top to bottom, as the layers are stacked
         ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.01, 1),
-                  fontsize=8, frameon=False)
-    ax.set_title(title or f"{name}: peak {format_bytes(peak)}", fontsize=10)
+                  fontsize=PT, frameon=False)
+    ax.set_title(title or f"{name}: peak {format_bytes(peak)}", fontsize=PT)
     return ax
 
 
