@@ -37,6 +37,7 @@ backward pass?) and of pipeline bubbles.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 
@@ -400,8 +401,9 @@ def plot_gantt(trace, ax=None, *, color_by="label", ranks=None, title=None, time
         # A label only where it fits (a character about 0.62 em wide); a clipped
         # label reads as noise.
         if b["text"] and b["end"] - b["start"] >= char * (len(b["text"]) + 1) * end:
-            txt = ax.text((b["start"] + b["end"]) / 2, y, b["text"], ha="center", va="center",
-                          fontsize=PT, color="white", zorder=3)
+            txt = _bar_label_class()(b["start"], b["end"], y, b["text"], ha="center", va="center",
+                                      fontsize=PT, color="white", zorder=3)
+            ax._add_text(txt)
             txt.set_clip_path(rect)         # never spill over a short bar,
             txt.set_clip_box(ax.bbox)       # nor out of a zoomed-in axis
             # Inside its bar, which the axes clip: it never needs room of its own, and a
@@ -443,6 +445,31 @@ def plot_gantt(trace, ax=None, *, color_by="label", ranks=None, title=None, time
     ax.set_title(title or f"Timeline: {len(ranks)} ranks, "
                           f"{(trace.time or end) * scale_t:.4g} {unit_t}", fontsize=PT)
     return ax
+
+
+@functools.cache
+def _bar_label_class():
+    """``BarLabel`` (made on first use: matplotlib is imported only to draw)."""
+    from matplotlib.text import Text
+
+    class BarLabel(Text):
+        """A bar's label, drawn in the middle of the bar's visible part, and only
+        if it fits there whole (a zoomed-in axis cuts bars: half a word is noise)."""
+
+        def __init__(self, start, end, y, text, **kwargs):
+            super().__init__((start + end) / 2, y, text, **kwargs)
+            self.span = (start, end)
+
+        def draw(self, renderer):
+            x0, x1 = sorted(self.axes.get_xlim())
+            a, b = max(self.span[0], x0), min(self.span[1], x1)
+            if b <= a:
+                return
+            self.set_x((a + b) / 2)
+            left, right = self.axes.transData.transform([(a, 0), (b, 0)])[:, 0]
+            if self.get_window_extent(renderer).width + 4 <= right - left:
+                super().draw(renderer)
+    return BarLabel
 
 
 def _natural(text):
