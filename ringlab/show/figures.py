@@ -161,9 +161,11 @@ def plot_holdings_grid(trace, *, per_chunk=None, numbers=None, title=None):
     top = n if per_chunk else n * c                       # the value of a complete cell
     minor = per_chunk and n * c <= 32                       # chunk names beside the rows
     left = 1.6 if minor else 1.0
-    width, height = min(WIDTH, left + 2.3 + 0.45 * steps), min(11, 1.3 + 0.3 * n * rows)
-    fig, ax = _figure(width, height, left=left, right=2.3, bottom=0.65)
-    room_x, room_y = width - left - 2.3, height - 1.05        # the axes, in inches
+    # At least 3.2 in across, for the title; the colour bar's label in two lines, at most
+    # 2.5 in each, beside at least 2.6 in of axes.
+    width, height = min(WIDTH, left + 1.5 + max(3.2, 0.45 * steps)), min(11, max(3.7, 1.3 + 0.3 * n * rows))
+    fig, ax = _figure(width, height, left=left, right=1.5, bottom=0.65)
+    room_x, room_y = width - left - 1.5, height - 1.05        # the axes, in inches
     im = ax.imshow(image, cmap="Blues", vmin=0, vmax=top, aspect="auto", interpolation="nearest")
     # The counts in the cells: only where a 12-point number fits (and not thousands of texts).
     fits = room_x / steps >= 0.1 * (len(str(top)) + 1) and room_y / (n * rows) >= ROW
@@ -179,10 +181,11 @@ def plot_holdings_grid(trace, *, per_chunk=None, numbers=None, title=None):
     if minor:
         ax.set_yticks(range(n * c), [f"c{k}" for _ in range(n) for k in chunks], minor=True, fontsize=PT)
         ax.tick_params(axis="y", which="major", pad=30)
+        ax.yaxis.remove_overlapping_locs = False      # odd c: a chunk's row is its rank's middle
     ax.set_xticks(range(0, steps, _every(steps, room_x, 0.3)))
     ax.set_xlabel("after step (0 = start)")
     what = "contributions held per chunk" if per_chunk else "contributions held, all chunks"
-    cbar = fig.colorbar(im, ax=ax, shrink=0.8, fraction=0.05, pad=0.02, label=f"{what} (complete = {top})")
+    cbar = fig.colorbar(im, ax=ax, shrink=0.8, fraction=0.05, pad=0.02, label=f"{what}\n(complete = {top})")
     cbar.ax.yaxis.set_major_locator(plt.MaxNLocator(integer=True))
     ax.set_title(title or f"Who holds what: {n} ranks, {steps - 1} steps", fontsize=PT)
     return fig
