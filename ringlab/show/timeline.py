@@ -419,10 +419,14 @@ def plot_gantt(trace, ax=None, *, color_by="label", ranks=None, title=None, time
     ax.set_xlim(0, end * 1.02)
 
     # y: the lane names, and "rank r" further left (past the longest lane name).
+    # Lane names only where a 12-point name has its room (0.17 in a lane; else the bars'
+    # height tells compute from the ports).
     ys = sorted(lane_y.items(), key=lambda kv: kv[1])
-    ax.set_yticks([y for _, y in ys], [lane for (_, lane), _ in ys], fontsize=PT)
+    units = lane_y[ranks[-1], lanes[-1]] + 1.4
+    room = ax.get_position().height * ax.figure.get_figheight() / units >= 0.17
+    ax.set_yticks([y for _, y in ys], [lane if room else "" for (_, lane), _ in ys], fontsize=PT)
     ax.tick_params(axis="y", length=0)
-    left = -(0.62 * PT * max(len(lane) for lane in lanes) + 10)
+    left = -(0.62 * PT * max(len(lane) for lane in lanes) + 10) if room else -6
     for r in ranks:
         middle = (lane_y[r, lanes[0]] + lane_y[r, lanes[-1]]) / 2
         ax.annotate(f"rank {r}", xy=(0, middle), xycoords=("axes fraction", "data"),
