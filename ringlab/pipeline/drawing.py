@@ -47,7 +47,7 @@ def plot_pipeline(trace, ax=None, *, title=None):
     from matplotlib.patches import Patch
 
     from ..show.style import PT
-    from ..show.timeline import WIDTH
+    from ..show.timeline import WIDTH, _bar_label_class
     boxes = pipeline_boxes(trace)
     p = trace.world_size
     end = max(b["end"] for b in boxes)
@@ -63,9 +63,10 @@ def plot_pipeline(trace, ax=None, *, title=None):
         chunk = b["stage"] // p
         ax.barh(b["rank"], b["end"] - b["start"], left=b["start"], height=0.8, color=colour,
                 edgecolor="white", linewidth=1.0, hatch="///" if chunk % 2 else None)
-        if b["end"] - b["start"] >= char * (len(b["text"]) + 1) * end:
-            ax.text((b["start"] + b["end"]) / 2, b["rank"], b["text"], ha="center",
-                    va="center", fontsize=PT, color="black" if b["shade"] == "F" else "white")
+        if b["end"] - b["start"] >= char * (len(b["text"]) + 1) * end:   # drawn if it fits
+            ax._add_text(_bar_label_class()(                                # as laid out
+                b["start"], b["end"], b["rank"], b["text"], ha="center", va="center",
+                fontsize=PT, color="black" if b["shade"] == "F" else "white"))
     ax.axvline(end, color="0.35", ls="--", lw=0.9)
     ax.set_yticks(range(p), [f"rank {r}" for r in range(p)])
     ax.set_ylim(p - 0.4, -0.6)

@@ -471,7 +471,7 @@ def _bar_label_class():
                 return
             self.set_x((a + b) / 2)
             left, right = self.axes.transData.transform([(a, 0), (b, 0)])[:, 0]
-            if self.get_window_extent(renderer).width + 4 <= right - left:
+            if self.get_window_extent(renderer).width + 6 <= right - left:
                 super().draw(renderer)
     return BarLabel
 
