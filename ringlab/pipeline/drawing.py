@@ -65,7 +65,7 @@ def plot_pipeline(trace, ax=None, *, title=None):
                 edgecolor="white", linewidth=1.0, hatch="///" if chunk % 2 else None)
         if b["end"] - b["start"] >= char * (len(b["text"]) + 1) * end:   # drawn if it fits
             ax._add_text(_bar_label_class()(                                # as laid out
-                b["start"], b["end"], b["rank"], b["text"], ha="center", va="center",
+                b["start"], b["end"], b["rank"], b["text"], 0.8, ha="center", va="center",
                 fontsize=PT, color="black" if b["shade"] == "F" else "white"))
     ax.axvline(end, color="0.35", ls="--", lw=0.9)
     ax.set_yticks(range(p), [f"rank {r}" for r in range(p)])

@@ -401,8 +401,8 @@ def plot_gantt(trace, ax=None, *, color_by="label", ranks=None, title=None, time
         # A label only where it fits (a character about 0.62 em wide); a clipped
         # label reads as noise.
         if b["text"] and b["end"] - b["start"] >= char * (len(b["text"]) + 1) * end:
-            txt = _bar_label_class()(b["start"], b["end"], y, b["text"], ha="center", va="center",
-                                      fontsize=PT, color="white", zorder=3)
+            txt = _bar_label_class()(b["start"], b["end"], y, b["text"], h, ha="center",
+                                      va="center", fontsize=PT, color="white", zorder=3)
             ax._add_text(txt)
             txt.set_clip_path(rect)         # never spill over a short bar,
             txt.set_clip_box(ax.bbox)       # nor out of a zoomed-in axis
@@ -458,11 +458,12 @@ def _bar_label_class():
 
     class BarLabel(Text):
         """A bar's label, drawn in the middle of the bar's visible part, and only
-        if it fits there whole (a zoomed-in axis cuts bars: half a word is noise)."""
+        if it fits there whole (a zoomed-in axis cuts bars, a crowded figure thins
+        them: half a word is noise). ``height``: the bar's, in data units."""
 
-        def __init__(self, start, end, y, text, **kwargs):
+        def __init__(self, start, end, y, text, height, **kwargs):
             super().__init__((start + end) / 2, y, text, **kwargs)
-            self.span = (start, end)
+            self.span, self.height = (start, end), height
 
         def draw(self, renderer):
             x0, x1 = sorted(self.axes.get_xlim())
@@ -470,8 +471,11 @@ def _bar_label_class():
             if b <= a:
                 return
             self.set_x((a + b) / 2)
-            left, right = self.axes.transData.transform([(a, 0), (b, 0)])[:, 0]
-            if self.get_window_extent(renderer).width + 6 <= right - left:
+            y = self.get_position()[1]
+            (left, bottom), (right, top) = self.axes.transData.transform(
+                [(a, y - self.height / 2), (b, y + self.height / 2)])
+            box = self.get_window_extent(renderer)
+            if box.width + 6 <= right - left and 0.75 * box.height <= abs(top - bottom):
                 super().draw(renderer)
     return BarLabel
 
