@@ -31,6 +31,7 @@ on the built HTML for outputs (they exist only after the chapter has run).
 """
 
 import html.parser
+import math
 import os
 import re
 import time
@@ -312,19 +313,57 @@ def figure_scales(driver):
         "i => i.naturalWidth > 0).map(i => [i.src, i.clientWidth / i.naturalWidth])")]
 
 
+def text_px(png, shown_width):
+    """CSS px of the smallest text of the figure in the file ``png`` shown
+    ``shown_width`` px wide: the points the kernel wrote into it (ringlab.show.style)
+    at the file's dpi, times its shown scale. None: the file carries no size (the
+    book's kernel did not draw it); inf: the figure has no text."""
+    with PIL.Image.open(png) as im:
+        pt, dpi = im.text.get(style.KEY), im.info.get("dpi", (72, 72))[0]
+        if pt is None:
+            return None
+        return float(pt) * dpi / 72 * shown_width / im.width if pt else math.inf
+
+
 def smallest_texts(driver):
-    """(file, CSS px of its smallest text on the page, or None) of every figure in
-    the page's cell outputs: the points the kernel wrote into the PNG
-    (ringlab.show.style) at the file's dpi, times the figure's shown scale."""
-    found = []
-    for src, shown in driver.execute_script(
-            "return Array.from(document.querySelectorAll('.cell_output img')).filter("
-            "i => i.naturalWidth > 0).map(i => [i.src, i.clientWidth])"):
-        with PIL.Image.open(Path(urllib.parse.urlparse(urllib.parse.unquote(src)).path)) as im:
-            pt, dpi = im.text.get(style.KEY), im.info.get("dpi", (72, 72))[0]
-            px = float(pt) * dpi / 72 * shown / im.width if pt else None
-        found.append((src.rsplit("/", 1)[-1], None if px is None else round(px, 1)))
-    return found
+    """(file, CSS px of its smallest text on the page, or None: see text_px) of
+    every figure in the page's cell outputs."""
+    return [(src.rsplit("/", 1)[-1],
+             text_px(Path(urllib.parse.urlparse(urllib.parse.unquote(src)).path), shown))
+            for src, shown in driver.execute_script(
+                "return Array.from(document.querySelectorAll('.cell_output img')).filter("
+                "i => i.naturalWidth > 0).map(i => [i.src, i.clientWidth])")]
+
+
+def body_px(driver):
+    """The CSS font size of the page's body text (its first paragraph), e.g. '16px'."""
+    return driver.execute_script(
+        "return getComputedStyle(document.querySelector('article p')).fontSize")
+
+
+def test_text_px_measures_the_smallest_text_on_the_page(tmp_path):
+    # A figure drawn by the book's kernel (style.png) with a 7-point label: at 100
+    # dpi (the PNG keeps it in pixels per metre) and full size 9.7 px, under the
+    # body's 16; shown at half its width, half that; a PNG without the size (not
+    # the book's kernel) is None; no text, inf.
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(3, 2), dpi=100)
+    ax.set_title("twelve", fontsize=12)
+    ax.text(0.5, 0.5, "tiny", fontsize=7)
+    (tmp_path / "small.png").write_bytes(style.png(fig))
+    width = PIL.Image.open(tmp_path / "small.png").width
+    assert text_px(tmp_path / "small.png", width) == pytest.approx(7 * 100 / 72, rel=1e-4)
+    assert text_px(tmp_path / "small.png", width) < style.BODY_PX
+    assert text_px(tmp_path / "small.png", width / 2) == pytest.approx(7 * 100 / 72 / 2, rel=1e-4)
+    fig.savefig(tmp_path / "plain.png")
+    assert text_px(tmp_path / "plain.png", 300) is None
+    ax.clear()
+    ax.axis("off")
+    (tmp_path / "blank.png").write_bytes(style.png(fig))
+    assert text_px(tmp_path / "blank.png", 300) == math.inf
+    plt.close(fig)
 
 
 def panel_heights(driver):
@@ -339,17 +378,18 @@ def panel_heights(driver):
                     reason="needs Debian's chromium and chromium-driver")
 def test_chapters_are_at_most_twelve_screens(window):
     assert window.execute_script("return [window.innerWidth, window.innerHeight]") == list(WINDOW)
-    heights, panels, scales, texts = {}, {}, {}, {}
+    heights, panels, scales, texts, bodies = {}, {}, {}, {}, {}
     for md in chapters():
         heights[md] = rendered_height(window, Path(BOOK_HTML) / f"{md}.html")
         panels[md] = panel_heights(window)
         scales[md] = figure_scales(window)
         texts[md] = smallest_texts(window)
+        bodies[md] = body_px(window)
     report = "\n".join(f"{md:<32} {h:>7,} px = {h / WINDOW[1]:5.1f} screens"
                        for md, h in heights.items())
     print(f"\nrendered heights at {WINDOW[0]} x {WINDOW[1]}, folded content closed:\n{report}")
     print("smallest figure text on the page, px:\n" + "\n".join(
-        f"{md:<32} {sorted((px or 0) for _, px in found)}" for md, found in texts.items()))
+        f"{md:<32} {sorted(round(px or 0, 1) for _, px in found)}" for md, found in texts.items()))
     over = {md for md, h in heights.items() if h > MAX_SCREENS * WINDOW[1]}
     fixed = sorted(md for md, checks in PENDING.items() if "height" in checks and md not in over)
     assert not fixed, f"these now pass: remove 'height' from PENDING: {fixed}\n{report}"
@@ -361,3 +401,12 @@ def test_chapters_are_at_most_twelve_screens(window):
     shrunk = {md: [f for f in found if f[1] < MIN_SCALE] for md, found in scales.items()}
     assert not any(shrunk.values()), f"figures shown below {MIN_SCALE} of their size: {shrunk}"
     assert sum(map(len, scales.values())) >= 40
+    # Every figure's words as large on the page as the words around them (issue 23).
+    assert set(bodies.values()) == {f"{style.BODY_PX}px"}, f"body text: {bodies}"
+    unmarked = {md: [f for f, px in found if px is None] for md, found in texts.items()}
+    assert not any(unmarked.values()), (
+        f"figures without {style.KEY} (not drawn by the book's kernel: run make): {unmarked}")
+    small = [f"{md} {f} {px:.1f} px" for md, found in texts.items() for f, px in found
+             if px < style.BODY_PX]
+    assert not small, (f"figures whose smallest text is under the body's {style.BODY_PX} px "
+                       f"on the page:\n" + "\n".join(small))
