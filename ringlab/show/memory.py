@@ -187,7 +187,7 @@ def plot_memory_side_by_side(runs, rank=0, *, group_labels=False, axes=None):
         # page (784 px wide in the book): a row of four was shrunk to 0.56.
         cols = min(2, len(runs))
         rows = -(-len(runs) // cols)
-        _, axes = plt.subplots(rows, cols, figsize=(3.7 * cols + 0.2, 2.1 * rows + 0.5),
+        _, axes = plt.subplots(rows, cols, figsize=(3.7 * cols + 0.2, 1.9 * rows + 0.5),
                                sharey=True, squeeze=False, layout="constrained")
         for ax in axes.ravel()[len(runs):]:
             ax.set_visible(False)
