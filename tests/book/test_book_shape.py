@@ -51,8 +51,10 @@ CODE_WIDTH = OUTPUT_WIDTH = 88
 WINDOW = (1400, 900)
 MAX_SCREENS = 12
 
-# chapter -> the checks it does not pass yet ("height", "output width")
-PENDING = {}
+# chapter -> the checks it does not pass yet ("height", "output width", "figure text")
+# zero12: its hand-drawn holdings figure (6.5 pt) is being replaced by the
+# who-holds-what figure (ringlab.show.ownership), which is 12 pt.
+PENDING = {"book/zero/zero12": {"figure text"}}
 
 # sources with code lines over 88 columns, not yet fixed (checked: they must still fail)
 PENDING_CODE = set()
@@ -406,7 +408,12 @@ def test_chapters_are_at_most_twelve_screens(window):
     unmarked = {md: [f for f, px in found if px is None] for md, found in texts.items()}
     assert not any(unmarked.values()), (
         f"figures without {style.KEY} (not drawn by the book's kernel: run make): {unmarked}")
-    small = [f"{md} {f} {px:.1f} px" for md, found in texts.items() for f, px in found
-             if px < style.BODY_PX]
-    assert not small, (f"figures whose smallest text is under the body's {style.BODY_PX} px "
-                       f"on the page:\n" + "\n".join(small))
+    small = {md: [f"{md} {f} {px:.1f} px" for f, px in found if px < style.BODY_PX]
+             for md, found in texts.items()}
+    fixed = sorted(md for md, checks in PENDING.items()
+                   if "figure text" in checks and md in small and not small[md])
+    assert not fixed, f"these now pass: remove 'figure text' from PENDING: {fixed}"
+    failing = [line for md, lines in small.items()
+               if "figure text" not in PENDING.get(md, ()) for line in lines]
+    assert not failing, (f"figures whose smallest text is under the body's {style.BODY_PX} px "
+                         f"on the page:\n" + "\n".join(failing))
