@@ -396,7 +396,9 @@ class Trace:
 
     def show(self, **options):
         """An interactive player for this trace (displays in a notebook; see
-        ``ringlab.show.player``). Options: ``layout=``, ``title=``, ``detail_limit=``."""
+        ``ringlab.show.player``). Options: ``layout=``, ``title=``, ``detail_limit=``,
+        ``view=`` ("messages", "lanes" or "memory": the view shown first), ``parts=``
+        (what each rank holds, beside its lane)."""
         return VIEWS["player"](self, **options)
 
     def save_html(self, path, **options):

@@ -50,7 +50,7 @@ from ..runner import run
 from .ps_task import STOP, PSTask
 
 __all__ = ["async_ps", "ps_server", "ps_worker", "run_async_ps", "PSRun", "staleness",
-           "replay", "sync_sgd", "max_clock_gap", "NETWORK", "PSTask", "STOP"]
+           "replay", "sync_sgd", "clocks", "max_clock_gap", "NETWORK", "PSTask", "STOP"]
 
 
 # -- the program ------------------------------------------------------------------------------
@@ -202,17 +202,28 @@ def sync_sgd(task, rounds, orders=None):
     return p
 
 
+def clocks(workers, order):
+    """Every worker's SSP clock at each version: entry v is ``{worker: how many of
+    the first v applied gradients are its}``; ``order``: the worker of each
+    applied gradient, in arrival order (the log's first column).
+
+    >>> clocks([1, 2], [2, 2, 1])
+    [{1: 0, 2: 0}, {1: 0, 2: 1}, {1: 0, 2: 2}, {1: 1, 2: 2}]
+    """
+    out = [dict.fromkeys(workers, 0)]
+    for w in order:
+        out.append({**out[-1], w: out[-1][w] + 1})
+    return out
+
+
 def max_clock_gap(task, log):
     """The largest SSP gap seen: for each parameter read, the reader's clock
     minus the slowest worker's clock in the version it read."""
-    gaps, clocks, mine = [], [], {w: 0 for w in range(1, task.workers + 1)}
-    counts = {w: 0 for w in mine}
-    clocks.append(dict(counts))
+    mine = {w: 0 for w in range(1, task.workers + 1)}
     log = [(int(w), int(v)) for w, v in log]
-    for w, _ in log:
-        counts[w] += 1
-        clocks.append(dict(counts))
+    at = clocks(mine, [w for w, _ in log])
+    gaps = []
     for w, v in log:            # the read that produced this gradient
-        gaps.append(mine[w] - min(clocks[v].values()))
+        gaps.append(mine[w] - min(at[v].values()))
         mine[w] += 1
     return max(gaps, default=0)

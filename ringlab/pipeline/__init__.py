@@ -7,10 +7,13 @@ activations and gradients.
 * ``validate``: the first violation of a schedule in plain words (order,
   missing inputs, deadlock, memory), microbatches in flight, the ideal timeline
   and its bubble.
-* ``stages``: ``split_model``, the stage program ``pipeline_stage`` and
-  ``run_pipeline`` (every rank, on the simulator or real processes).
+* ``stages``: ``split_model``, the stage program ``pipeline_stage``,
+  ``run_pipeline`` (every rank, on the simulator or real processes) and
+  ``unpipelined``, what any schedule must compute, computed in one process.
 * ``bubble``: the bubble, peak activations and message counts, measured from a
   trace and in closed form.
+* ``ownership``: who holds which layers, the batch and the activations, from
+  the stage split, for the chapters' pictures (``ringlab.show.ownership``).
 """
 
 from .actions import Action, format_schedule, needs, parse, sends, stage_rank

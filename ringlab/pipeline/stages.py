@@ -4,7 +4,8 @@ program each rank runs to execute its part of a schedule.
 ``split_model`` cuts a ``Sequential`` into stages; ``pipeline_stage`` is one
 rank's program: it walks its action list, receiving activations (F) and
 gradients (B) from the neighbouring stages, and returns its gradients.
-``run_pipeline`` does both and runs every rank:
+``run_pipeline`` does both and runs every rank; ``unpipelined`` computes, in one
+process, what any schedule must give (the reference its grader compares with):
 
     >>> import numpy as np
     >>> from ringlab.nn import mlp_model
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -52,6 +54,77 @@ def split_model(model, n_stages):
     starts = [0] + [heavy[int(c[0])] for c in np.array_split(np.arange(len(heavy)), n_stages)[1:]]
     ends = starts[1:] + [len(model.layers)]
     return [(a, Sequential(*model.layers[a:b])) for a, b in zip(starts, ends)]
+
+
+def whole_name(first, name):
+    """A stage's parameter name as the whole model names it, from the index of
+    the stage's first layer: "1.weight" of a stage that starts at layer 2 is
+    "3.weight".
+
+    >>> whole_name(2, "1.weight")
+    '3.weight'
+    """
+    return f"{first + int(name.split('.', 1)[0])}.{name.split('.', 1)[1]}"
+
+
+class Unpipelined(NamedTuple):
+    """``unpipelined``'s answers: ``grads`` of the whole batch, each microbatch's
+    (``per_microbatch``, whole-model names), every message's payload (``messages``:
+    ``{("activation" | "gradient", boundary s, microbatch): array}``, boundary s
+    between stages s and s + 1) and the ``stages`` (``split_model``'s, of a copy)."""
+
+    grads: dict
+    per_microbatch: list
+    messages: dict
+    stages: list
+
+
+# The reference the grader compares a stage program with: no tool for the program itself.
+@answer('pipeline_stage')
+def unpipelined(model, batch, n_stages, m):
+    """What a pipeline of ``n_stages`` stages must compute on ``batch = (x, y)`` in
+    ``m`` microbatches (``np.array_split``'s), computed in one process without a
+    schedule: the whole model's mse gradients on the whole batch, and, stage by
+    stage, each microbatch's forward and backward (its loss weighted by its share
+    of the rows), with the activation and the gradient that cross each stage
+    boundary. ``model`` is copied. -> ``Unpipelined``
+
+    >>> from ringlab.nn import mlp_model
+    >>> from ringlab.pipeline import parse
+    >>> model = mlp_model([4, 8, 8, 2], np.random.default_rng(0))
+    >>> x, y = np.random.default_rng(1).normal(size=(6, 4)), np.zeros((6, 2))
+    >>> ref = unpipelined(model, (x, y), n_stages=2, m=2)
+    >>> sorted(ref.messages)[:2], ref.messages["activation", 0, 1].shape
+    ([('activation', 0, 0), ('activation', 0, 1)], (3, 8))
+    >>> run = run_pipeline(model, (x, y), [parse("0F0 0F1 0B1 0B0"), parse("1F0 1F1 1B1 1B0")])
+    >>> all(np.allclose(run.grads[k], g, rtol=0, atol=1e-14) for k, g in ref.grads.items())
+    True
+    """
+    x, y = batch
+    whole = copy.deepcopy(model)
+    _, dloss = mse(whole.forward(x), y)
+    whole.backward(dloss)
+    grads = {k: g.copy() for k, g in whole.named_grads().items()}
+    pieces = split_model(copy.deepcopy(model), n_stages)
+    per_mb, payloads = [], {}
+    for i, (xi, yi) in enumerate(zip(np.array_split(x, m), np.array_split(y, m))):
+        for _, mod in pieces:
+            for g in mod.named_grads().values():
+                g[...] = 0
+        a = xi
+        for s, (_, mod) in enumerate(pieces):
+            a = mod.forward(a)
+            if s < n_stages - 1:
+                payloads["activation", s, i] = a.copy()
+        _, d = mse(a, yi)
+        d = d * len(xi) / len(x)
+        for s in reversed(range(n_stages)):
+            d = pieces[s][1].backward(d)
+            if s > 0:
+                payloads["gradient", s - 1, i] = d.copy()
+        per_mb.append({whole_name(first, n): g.copy()
+                       for first, mod in pieces for n, g in mod.named_grads().items()})
+    return Unpipelined(grads, per_mb, payloads, pieces)
 
 
 def _twin(module):
@@ -175,7 +248,7 @@ def pipeline_stage(comm, work):
         left = ", ".join(f"stage {s} microbatch {mb}" for s, mb in held)
         raise ValueError(f"rank {comm.rank}: the schedule ended with activations still held, "
                          f"never freed by a B (or W): {left}")
-    grads = {f"{first + int(name.split('.', 1)[0])}.{name.split('.', 1)[1]}": g
+    grads = {whole_name(first, name): g
              for first, module in work.stages.values() for name, g in module.named_grads().items()}
     return StageOutput(grads, loss, peak)
 

@@ -33,8 +33,10 @@ from .memory import KNOWN
 
 # What a piece is, and its colour; the Part 5 colours are the memory figures' own.
 KINDS = {"parameters": KNOWN["params"], "gathered": KNOWN["params.full"],
-         "gradients": KNOWN["grads"], "optimizer": KNOWN["adam.m"],
+         "gradients": KNOWN["grads"], "full gradients": KNOWN["grads.full"],
+         "optimizer": KNOWN["adam.m"],
          "activations": KNOWN["activations"], "data": "#17becf", "master": KNOWN["master"]}
+LIGHT = {"gathered", "full gradients"}     # kinds whose texts are written in black
 FONT = 12            # points: 16.7 px at 100 dpi, above the body text (ringlab.show.style)
 
 
@@ -82,7 +84,7 @@ def _write(ax, x0, i, p, unit):
     need = 0.6 * FONT / 72 * len(p.text) + 0.1        # inches, about (DejaVu Sans)
     if need <= (p.stop - p.start) * unit:
         x, ha, colour = x0 + (p.start + p.stop) / 2, "center", \
-            "black" if p.kind == "gathered" else "white"
+            "black" if p.kind in LIGHT else "white"
     elif p.start >= 1 - p.stop:
         x, ha, colour = x0 + p.start - 0.02, "right", "black"
     else:
@@ -91,23 +93,30 @@ def _write(ax, x0, i, p, unit):
             clip_on=False)
 
 
-def plot_who_holds_what(holdings, *, tensors=None, title=None, width=7.7, row=0.42):
+def plot_who_holds_what(holdings, *, tensors=None, title=None, width=7.7, row=0.42,
+                        dividers=None, legend=None):
     """Draw ``holdings`` (``{rank: [Piece, ...]}``): ranks as rows, ``tensors``
     (default: in order of first appearance) as columns. Returns the Figure,
-    ``width`` inches wide, ``row`` inches per rank; texts at ``FONT`` points."""
+    ``width`` inches wide, ``row`` inches per rank; texts at ``FONT`` points.
+    ``dividers``: ``{tensor: [fraction, ...]}``, thin lines across that column
+    where one part of it ends and the next begins (a column of several states).
+    ``legend``: draw the kinds' legend (default: when there is more than one
+    kind); ``False`` where the columns' names already say what each kind is."""
     ranks = sorted(holdings)
     tensors = list(tensors) if tensors is not None else _tensors(holdings)
     if not ranks or not tensors:
         raise ValueError("nothing to draw: no rank holds any piece")
-    unknown = {p.tensor for r in ranks for p in holdings[r]} - set(tensors)
+    dividers = dividers or {}
+    unknown = ({p.tensor for r in ranks for p in holdings[r]} | set(dividers)) - set(tensors)
     if unknown:
         raise ValueError(f"pieces of tensors not among the columns: {sorted(unknown)}")
     label_w, head = 0.9, 0.45 + (0.3 if title else 0)
     kinds = [k for k in KINDS if any(p.kind == k for r in ranks for p in holdings[r])]
-    legend = 0.45 if len(kinds) > 1 else 0.1
-    height = head + row * len(ranks) + legend
+    legend = len(kinds) > 1 if legend is None else legend
+    legend_h = 0.45 if legend else 0.1
+    height = head + row * len(ranks) + legend_h
     fig = plt.figure(figsize=(width, height))
-    ax = fig.add_axes([label_w / width, legend / height, 1 - (label_w + 0.1) / width,
+    ax = fig.add_axes([label_w / width, legend_h / height, 1 - (label_w + 0.1) / width,
                        row * len(ranks) / height])
     gap = 0.12                                   # between columns, in tensor lengths
     span = len(tensors) * (1 + gap) - gap + 0.04
@@ -125,6 +134,8 @@ def plot_who_holds_what(holdings, *, tensors=None, title=None, width=7.7, row=0.
                                        fc=colour, ec="white", lw=0.8))
                 if p.text:
                     _write(ax, x0, i, p, unit)
+            for f in dividers.get(name, ()):
+                ax.plot([x0 + f] * 2, [i + 0.12, i + 0.88], color="0.55", lw=0.8)
     ax.set_xlim(-0.02, len(tensors) * (1 + gap) - gap + 0.02)
     ax.set_ylim(len(ranks), -0.15)
     ax.set_yticks([i + 0.5 for i in range(len(ranks))], [f"rank {r}" for r in ranks],
@@ -135,7 +146,7 @@ def plot_who_holds_what(holdings, *, tensors=None, title=None, width=7.7, row=0.
         side.set_visible(False)
     if title:
         fig.suptitle(title, fontsize=FONT + 1, y=1 - 0.12 / height, va="top")
-    if len(kinds) > 1:
+    if legend:
         fig.legend(handles=[Patch(fc=KINDS[k], label=k) for k in kinds], loc="lower center",
                    ncols=len(kinds), fontsize=FONT, frameon=False, bbox_to_anchor=(0.5, 0))
     return fig

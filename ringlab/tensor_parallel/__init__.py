@@ -16,6 +16,8 @@
 * ``hybrid``: ``tp_dp_sgd_step``, one SGD step with TP inside DP on a 2-D mesh.
 * ``memory``: the activation bytes a block holds for backward, and the
   paper's formulas for them.
+* ``ownership``: who holds what, read off a rank's shards, for the chapters'
+  pictures (``ringlab.show.ownership``).
 
 Every layer runs inside a ringlab program on ``comm``, the tensor-parallel
 group (the world, or ``DeviceMesh(...).group("tp")``), and matches the

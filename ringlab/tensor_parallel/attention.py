@@ -32,6 +32,20 @@ from .layers import ColumnParallelLinear, RowParallelLinear
 from .sequence import SequenceParallelColumnLinear, SequenceParallelRowLinear
 
 
+def head_columns(heads, head_dim, dim):
+    """``(qkv columns, proj rows)`` of the query heads ``heads`` (any of them, in
+    order) of an attention of width ``dim``: head j is column block j of each of
+    q, k and v in the fused ``qkv`` ([q | k | v], ``dim`` columns each) and row
+    block j of ``proj``, blocks of ``head_dim``.
+
+    >>> cols, rows = head_columns(range(2, 4), head_dim=1, dim=4)    # heads 2 and 3 of 4
+    >>> cols.tolist(), rows.tolist()
+    ([2, 3, 6, 7, 10, 11], [2, 3])
+    """
+    rows = np.concatenate([np.arange(j * head_dim, (j + 1) * head_dim) for j in heads]).astype(int)
+    return np.concatenate([part * dim + rows for part in range(3)]), rows
+
+
 class ParallelAttention(CausalSelfAttention):
     """This rank's heads of a ``CausalSelfAttention``.
 
@@ -65,12 +79,9 @@ class ParallelAttention(CausalSelfAttention):
             raise ValueError(f"tensor-parallel degree {t} does not divide the number of heads "
                              f"{H}: each rank must hold whole heads, the same number of them")
         heads = range(comm.rank * H // t, (comm.rank + 1) * H // t)
-        # My heads' columns of the model dimension; head h is column block h.
-        mine = np.arange(heads.start * hd, heads.stop * hd)
-        dim = H * hd
-        # qkv's columns are [q | k | v]: my block of each, so the local output is
-        # again [my q | my k | my v], the layout split_heads expects.
-        columns = np.concatenate([part * dim + mine for part in range(3)])
+        # qkv's columns are [q | k | v]: my heads' block of each, so the local output
+        # is again [my q | my k | my v], the layout split_heads expects.
+        columns, mine = head_columns(heads, hd, H * hd)
         if sequence_parallel:
             qkv = SequenceParallelColumnLinear.from_linear(
                 attn.qkv, comm, columns=columns, store_input_shard=store_input_shard)

@@ -66,6 +66,25 @@ def test_gradients_are_the_unpipelined_models(name, p, m):
     assert not any(g.any() for g in model.named_grads().values())    # the model was copied
 
 
+@pytest.mark.parametrize("name,p,m", [("one_f_one_b", 2, 3), ("interleaved_1f1b", 2, 4)])
+def test_the_unpipelined_reference_is_the_whole_model_and_each_microbatch(name, p, m):
+    """``unpipelined`` (what the pipeline_stage grader compares with): the whole
+    model's gradients, which its microbatches' add up to and a schedule's run gives,
+    and one activation and one gradient per microbatch at every stage boundary."""
+    from ringlab.pipeline.stages import unpipelined
+    n = n_stages(name, p)
+    model, batch = problem(n, rows=2 * m + 1)
+    ref = unpipelined(model, batch, n, m)
+    assert_same_grads(ref.grads, reference(model, batch)[1])
+    assert_same_grads({k: sum(mb[k] for mb in ref.per_microbatch) for k in ref.grads}, ref.grads)
+    assert_same_grads(run_pipeline(model, batch, make(name, p, m)).grads, ref.grads)
+    assert sorted(ref.messages) == sorted((kind, s, mb) for kind in ("activation", "gradient")
+                                          for s in range(n - 1) for mb in range(m))
+    rows = [len(a) for a in np.array_split(batch[0], m)]
+    assert all(a.shape == (rows[mb], WIDTH) for (_, _, mb), a in ref.messages.items())
+    assert [first for first, _ in ref.stages] == [first for first, _ in split_model(model, n)]
+
+
 @pytest.mark.parametrize("name,p,m", CASES)
 def test_rendezvous_mode_runs_with_the_same_gradients(name, p, m):
     model, batch = problem(n_stages(name, p), rows=m)

@@ -291,3 +291,143 @@ def test_players_fit_one_screen(browser, tmp_path, n):
         assert abs(boxes[0].rect["y"] - boxes[1].rect["y"]) < 1
         assert boxes[1].rect["x"] - boxes[0].rect["x"] > 200
     assert js_errors(browser) == []
+
+
+# -- the views of a strategy (ringlab.show.player.strategy) ------------------------------------
+
+def views_shown(driver, player):
+    """The view buttons, the pressed one, and the panes on display."""
+    return driver.execute_script(
+        "const p = arguments[0]; return [Array.from(p.querySelectorAll('button.rlp-view')).map(b => b.dataset.view),"
+        " p.dataset.view, Array.from(p.querySelectorAll('.rlp-pane')).filter(x => x.style.display !== 'none')"
+        ".map(x => x.dataset.pane)]", player)
+
+
+def lane_items(driver, player):
+    """(rank, stream, text, lit) of every lane box drawn now."""
+    return sorted(tuple(x) for x in driver.execute_script(
+        "return Array.from(arguments[0].querySelectorAll('g.rlp-item')).filter(g => g.dataset.shown === '1')"
+        ".map(g => [+g.dataset.rank, +g.dataset.stream, g.dataset.text, g.dataset.lit === '1'])", player))
+
+
+def memory_now(driver, player, n):
+    """Per rank, {label: bytes} of the bars of the step shown."""
+    held = [dict() for _ in range(n)]
+    for r, label, b in driver.execute_script(
+            "return Array.from(arguments[0].querySelectorAll('rect.rlp-mem-now')).filter(r => +r.dataset.bytes)"
+            ".map(r => [+r.dataset.rank, r.dataset.label, +r.dataset.bytes])", player):
+        held[r][label] = b
+    return held
+
+
+def expected_lanes(data, step):
+    """What lane_items should read at ``step``, from the data Python gave the page: a box
+    after its step ``at`` (cut at the cursor when messages have times), lit up to ``until``."""
+    lanes, out = data["lanes"], []
+    for it in lanes["items"]:
+        shown = it[4] <= step
+        if shown and lanes["cursor"] and it[3] > it[2]:
+            shown = lanes["cursor"][step] > it[2]
+        if shown:
+            rank, stream = lanes["rows"][it[0]][:2]
+            out.append((rank, stream, lanes["texts"][it[7]], step > 0 and it[4] <= step <= it[5]))
+    return sorted(out)
+
+
+def strategy_run(name):
+    from support import strategies
+    if name == "tp":
+        trace, outputs = strategies.tp_attention()
+        return trace, {"parts": outputs}
+    if name == "zero3_16":
+        return strategies.zero3(16), {}
+    if name == "ddp_32":
+        return strategies.ddp(32), {}
+    return getattr(strategies, name)(), {}
+
+
+@pytest.mark.parametrize("name, default", [("zero3", "memory"), ("gpipe", "lanes"), ("ddp", "lanes"),
+                                           ("tp", "lanes"), ("learner", "memory"), ("zero3_16", "memory"),
+                                           ("ddp_32", "lanes"), ("learner_pipeline", "lanes")])
+def test_strategy_views(browser, tmp_path, name, default):
+    """The book's ZeRO-3, GPipe, DDP-bucket and tensor-parallel runs and a learner's FSDP
+    loop and GPipe loop: the player opens on the view of its part; at every step, in every view, it draws
+    what the trace says (memory: each rank's bytes per label = memory_frames; lanes: the
+    boxes of the steps so far; messages: the step's arrows) and fits 757 px. Also 16 and
+    32 ranks, for the height (every 20th of the steps, and the last)."""
+    from ringlab.show.player import memory_frames
+    trace, options = strategy_run(name)
+    show = trace.show(**options)
+    open_page(browser, show.save(tmp_path / f"{name}.html"))
+    player = browser.find_element("css selector", ".ringlab-player[data-ready]")
+    views = show.data["views"]
+    assert views_shown(browser, player) == [views, default, [default]]
+    frames = memory_frames(trace)
+    n = trace.world_size
+    from selenium.webdriver.common.keys import Keys
+    slider = player.find_element("css selector", "input.rlp-slider")
+    every = max(1, trace.steps // 20)           # 16 ranks, 90 steps: every 4th, and the last
+    at = 0
+    for step in sorted(set(range(0, trace.steps + 1, every)) | {trace.steps}):
+        if step > at:
+            slider.send_keys(*[Keys.ARROW_RIGHT] * (step - at))   # the keyboard moves the slider
+            at = step
+        for view in views:
+            player.find_element("css selector", f"button.rlp-view[data-view='{view}']").click()
+            assert views_shown(browser, player)[1:] == [view, [view]]
+            assert step_text(player) == f"step {step} / {trace.steps}"      # switching keeps the step
+            if view == "memory":
+                assert memory_now(browser, player, n) == frames[step], step
+            elif view == "lanes":
+                assert lane_items(browser, player) == expected_lanes(show.data, step), step
+            elif n <= 8:                                      # (a pipeline's messages have no op)
+                assert arrows(browser, player) == sorted(
+                    [e.step, e.src, e.dst, str(e.chunk), e.op or ""] for e in trace.at_step(step))
+            height = browser.execute_script("return arguments[0].getBoundingClientRect().height", player)
+            assert height <= 757, (name, view, step, height)
+    assert js_errors(browser) == []
+
+
+def test_strategy_views_closed_numbers(browser, tmp_path):
+    """What a reader reads, derived by hand (see tests/show/test_player_views.py)."""
+    from support import strategies
+    page = tmp_path / "parts.html"
+    trace, outputs = strategies.tp_attention()
+    page.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>"
+                    + strategies.zero3().show().html() + strategies.gpipe().show().html()
+                    + strategies.ddp().show().html() + trace.show(parts=outputs).html()
+                    + "</body></html>", encoding="utf-8")
+    open_page(browser, page)
+    wait_for(lambda: len(browser.find_elements("css selector", ".ringlab-player[data-ready]")) == 4)
+    zero3, gpipe, ddp, tp = browser.find_elements("css selector", ".ringlab-player")
+
+    def go(player, step):
+        player.find_element("css selector", "button.rlp-first").click()
+        for _ in range(step):
+            player.find_element("css selector", "button.rlp-forward").click()
+
+    def totals(player):
+        return [t.text for t in player.find_elements("css selector", "text.rlp-mem-total")]
+    # ZeRO-3: unit 0 gathered (320 B); at step 9 unit 0 again, unit "2" and its gradient.
+    assert totals(zero3) == ["320 B"] * 4
+    go(zero3, 9)
+    assert memory_now(browser, zero3, 4)[0] == {"params.full": 480, "grads.full": 160}
+    assert totals(zero3) == ["640 B"] * 4
+    go(zero3, 18)
+    assert totals(zero3) == ["0 B"] * 4
+    # GPipe: after step 3 rank 3 runs microbatch 0's forward, lit; rank 0 has done F0-F3.
+    go(gpipe, 3)
+    items = lane_items(browser, gpipe)
+    assert [i for i in items if i[0] == 3] == [(3, 0, "0", True)]
+    assert [i[2] for i in items if i[0] == 0] == ["0", "1", "2", "3"]
+    # DDP: at the last step, every bucket's AllReduce on stream 1, b0 b1 b2, on every rank.
+    ddp.find_element("css selector", "button.rlp-last").click()
+    assert sorted(i[2] for i in lane_items(browser, ddp) if i[1] == 1) == ["b0"] * 4 + ["b1"] * 4 + ["b2"] * 4
+    # TP: step 1 lights forward's region and its AllReduce, step 3 backward's; what each rank holds.
+    go(tp, 1)
+    assert [i[2] for i in lane_items(browser, tp) if i[3]] == ["AR", "tp.attention.forward"] * 2
+    go(tp, 3)
+    assert [i[2] for i in lane_items(browser, tp) if i[3]] == ["AR", "tp.attention.backward"] * 2
+    assert [t.text for t in tp.find_elements("css selector", "text.rlp-lane-part")] == [
+        "holds heads 0–1; qkv columns 0–3, 8–11, 16–19", "holds heads 2–3; qkv columns 4–7, 12–15, 20–23"]
+    assert js_errors(browser) == []

@@ -64,3 +64,28 @@ def test_columns_must_name_every_tensor():
         plot_who_holds_what({0: [Piece("W", 0, 1), Piece("V", 0, 1)]}, tensors=["W"])
     with pytest.raises(ValueError, match="nothing to draw"):
         plot_who_holds_what({})
+
+
+def test_a_text_on_a_light_kind_is_black_on_a_dark_one_white():
+    h = {0: [Piece("g", 0, 1, "full gradients", "full"), Piece("p", 0, 1, "parameters", "mine")]}
+    colours = {t.get_text(): t.get_color() for t in plot_who_holds_what(h).axes[0].texts}
+    assert colours["full"] == "black" and colours["mine"] == "white"
+    assert KINDS["full gradients"] != KINDS["gradients"]
+
+
+def test_dividers_mark_each_row_of_their_column_only():
+    h = {r: [Piece("W", 0, 0.25), Piece("V", 0, 1)] for r in range(3)}
+    ax = plot_who_holds_what(h, dividers={"W": [0.25, 0.5]}).axes[0]
+    xs = sorted((line.get_xdata()[0], line.get_ydata()[0]) for line in ax.lines)
+    assert xs == [(x, r + 0.12) for x in (0.25, 0.5) for r in range(3)]     # column W at x 0
+    with pytest.raises(ValueError, match=r"not among the columns: \['U'\]"):
+        plot_who_holds_what(h, dividers={"U": [0.5]})
+
+
+def test_the_legend_is_left_out_when_asked_and_the_figure_shorter():
+    h = quarters()
+    with_legend, without = plot_who_holds_what(h), plot_who_holds_what(h, legend=False)
+    assert len(with_legend.legends) == 1 and without.legends == []
+    assert without.get_size_inches()[1] == pytest.approx(with_legend.get_size_inches()[1] - 0.35)
+    assert plot_who_holds_what(h, legend=True).get_size_inches()[1] == \
+        with_legend.get_size_inches()[1]

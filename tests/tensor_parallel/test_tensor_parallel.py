@@ -169,6 +169,22 @@ def test_attention_matches_unsharded(t):
     assert sorted(np.concatenate([c for c, _, _ in res.outputs])) == list(range(72))
 
 
+@pytest.mark.parametrize("heads", [range(0, 2), range(1, 4, 2), range(4)])
+def test_head_columns_pick_those_heads_q_k_v_and_proj_rows(heads):
+    """``head_columns`` on the unsharded layer: its qkv columns are those heads' q, k
+    and v (split_heads' blocks), its rows the heads' rows of proj."""
+    from ringlab.tensor_parallel.attention import head_columns
+    attn = CausalSelfAttention(8, 4, np.random.default_rng(0))
+    x = data(B, S, 8, seed=1)
+    cols, rows = head_columns(heads, attn.head_dim, 8)
+    qkv = attn.qkv.forward(x)
+    q, k, v = attn.split_heads(qkv)
+    for part, whole in zip(np.split(qkv[..., cols], 3, axis=-1), (q, k, v)):
+        got = part.reshape(B, S, len(heads), attn.head_dim).transpose(0, 2, 1, 3)
+        assert np.array_equal(got, whole[:, list(heads)])
+    assert rows.tolist() == [j * 2 + i for j in heads for i in range(2)]
+
+
 def test_attention_heads_must_divide():
     attn = CausalSelfAttention(8, 4, np.random.default_rng(0))
     with pytest.raises(ringlab.RankError) as err:

@@ -56,7 +56,8 @@ import numpy as np
 from ..kit.report import Case, Failure, numbers
 
 from ..kit.running import plain_array, run_case
-from ...data_parallel.async_ps import NETWORK, run_async_ps
+from ...data_parallel.async_ps import NETWORK, replay, run_async_ps
+from ...data_parallel.async_ps import clocks as ssp_clocks
 from ...data_parallel.ps_task import PSTask
 
 NAME = "async_ps"
@@ -264,10 +265,7 @@ def _replay(r):
     arrivals, res, task, workers, down, up, fail = r.arrivals, r.res, r.task, r.workers, r.down, r.up, r.fail
     index = {id(e): i for i, e in enumerate(arrivals)}
     grads = [res.payload(e) for e in arrivals]
-    states, p = [task.init.copy()], task.init.copy()
-    for g in grads:
-        p -= task.lr * g
-        states.append(p.copy())
+    _, states = replay(task, grads)               # version v: the first v gradients applied
     version_of = {s_.tobytes(): v for v, s_ in enumerate(states)}
     version = {}                                  # (worker, k) -> version of its k-th params
     for w in workers:
@@ -322,9 +320,7 @@ def _final(r):
 def _staleness(r):
     """11-12. The SSP bound, and no waiting beyond it."""
     workers, order, down, version, s, index, up, fail = r.workers, r.order, r.down, r.version, r.s, r.index, r.up, r.fail
-    clocks = [dict.fromkeys(workers, 0)]            # per version: gradients of each worker
-    for w in order:
-        clocks.append({**clocks[-1], w: clocks[-1][w] + 1})
+    clocks = ssp_clocks(workers, order)             # per version: gradients of each worker
     for w in workers:
         for k in range(len(down[w]) - 1):
             v = version[w, k]

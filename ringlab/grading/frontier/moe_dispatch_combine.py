@@ -51,7 +51,7 @@ from ..kit.driver import callable_learner
 from ..kit.frames import without_grader_frames
 from ..kit.report import Case, Failure, numbers
 from ..kit.running import plain_array, run_case
-from ...frontier import expert_parallel  # noqa: F401  (its answers: ringlab.answers)
+from ...frontier import expert_parallel  # experts_of; importing it registers its answers
 from ...nn.moe import route
 
 NAME = "moe_dispatch_combine"
@@ -281,18 +281,18 @@ class Plan:
         e, per = case.world_size, case.info["per"]
         w1, w2 = case.info["experts"]
         gates = [inp[1] for inp in case.inputs]
-        self.per, self.x = per, [inp[0] for inp in case.inputs]
+        self.e, self.per, self.x = e, per, [inp[0] for inp in case.inputs]
         self.counts = [(g != 0).sum(axis=0) for g in gates]
-        self.tokens = [[[int(t) for i in range(d * per, d * per + per)
-                         for t in np.flatnonzero(g[:, i])] for d in range(e)] for g in gates]
+        self.tokens = [[[int(t) for i in self.owned(d) for t in np.flatnonzero(g[:, i])]
+                        for d in range(e)] for g in gates]
         self.outputs = [[[expert_rows(w1[i], w2[i], self.x[d][t])
-                          for i in range(s * per, s * per + per)
-                          for t in np.flatnonzero(gates[d][:, i])]
+                          for i in self.owned(s) for t in np.flatnonzero(gates[d][:, i])]
                          for d in range(e)] for s in range(e)]
         self.gates = gates
 
     def owned(self, d):
-        return range(d * self.per, d * self.per + self.per)
+        """Rank d's experts: ``expert_parallel.experts_of``, the layout of the part."""
+        return expert_parallel.experts_of(d, self.e * self.per, self.e)
 
 
 def messages(result, case):

@@ -58,6 +58,7 @@ from ..kit.frames import without_grader_frames
 from ..kit.report import Case, Failure, numbers
 from ..kit.running import check_outputs_shape, run_case
 from ..kit.memory import Ledger, MemoryProbe, tampered
+from ...frontier import layout
 
 NAME = "ring_attention"
 # Every rank's result needs every rank's data in the non-causal case, which the
@@ -190,8 +191,8 @@ def attend(q, k, v, allowed, scale):
 
 
 def positions(case, r):
-    n = case.info["dims"][2]
-    return np.arange(r * n, (r + 1) * n)
+    """Rank r's tokens' positions in the sequence: the contiguous layout."""
+    return layout.positions("contiguous", r, case.world_size, case.info["dims"][2])
 
 
 def mask(case, r, rule="global"):

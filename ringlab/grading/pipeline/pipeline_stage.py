@@ -51,7 +51,6 @@ an ``AlphaBeta`` network. The checks, in order:
 
 from __future__ import annotations
 
-import copy
 import functools
 import re
 
@@ -63,10 +62,11 @@ from ..kit.frames import without_grader_frames
 from ..kit.report import Case, Failure, numbers
 from ..kit.running import run_case
 from ...errors import DeadlockError
-from ...nn import GeLU, Linear, Sequential, mlp_model, mse
+from ...nn import GeLU, Linear, Sequential, mlp_model
 from ...pipeline.actions import needs, parse, sends, stage_rank
-# StageWork (what a rank is given) and split_model are tools; stages.pipeline_stage is the answer
-from ...pipeline.stages import StageWork, split_model
+# StageWork (what a rank is given), whole_name and the unpipelined reference are tools;
+# stages.pipeline_stage is the answer
+from ...pipeline.stages import StageWork, unpipelined, whole_name
 
 NAME = "pipeline_stage"
 # actions, schedules and validate are tools here; ringlab.pipeline.stages holds the answer
@@ -140,46 +140,6 @@ def _build(layers):
     return Sequential(*mods)
 
 
-def _split(model, n_stages):
-    return split_model(copy.deepcopy(model), n_stages)
-
-
-def _whole_name(first, name):
-    """A stage's parameter name ("1.weight") as the whole model names it, from the
-    stage's first layer: "3.weight" for first = 2."""
-    return f"{first + int(name.split('.')[0])}.{name.split('.', 1)[1]}"
-
-
-def expected(model, x, y, n_stages, m):
-    """The unpipelined reference: the whole batch's gradients, each microbatch's, and
-    every message's payload: {("activation" | "gradient", boundary s, mb): array},
-    boundary s between stages s and s + 1."""
-    whole = copy.deepcopy(model)
-    _, dloss = mse(whole.forward(x), y)
-    whole.backward(dloss)
-    grads = {k: g.copy() for k, g in whole.named_grads().items()}
-    pieces = _split(model, n_stages)
-    per_mb, payloads = [], {}
-    for i, (xi, yi) in enumerate(zip(np.array_split(x, m), np.array_split(y, m))):
-        for _, mod in pieces:
-            for g in mod.named_grads().values():
-                g[...] = 0
-        a = xi
-        for s, (_, mod) in enumerate(pieces):
-            a = mod.forward(a)
-            if s < n_stages - 1:
-                payloads["activation", s, i] = a.copy()
-        _, d = mse(a, yi)
-        d = d * len(xi) / len(x)
-        for s in reversed(range(n_stages)):
-            d = pieces[s][1].backward(d)
-            if s > 0:
-                payloads["gradient", s - 1, i] = d.copy()
-        per_mb.append({_whole_name(first, n): g.copy()
-                       for first, mod in pieces for n, g in mod.named_grads().items()})
-    return grads, per_mb, payloads, pieces
-
-
 def cases(rng):
     for kind, p, m, v, mode, network in CASES:
         n_stages = p * v
@@ -188,7 +148,7 @@ def cases(rng):
         rows = m + int(rng.integers(1, m + 2))         # microbatches of unequal rows
         x, y = rng.standard_normal((rows, sizes[0])), rng.standard_normal((rows, sizes[-1]))
         schedule = schedule_of(kind, p, m, v)
-        grads, per_mb, payloads, pieces = expected(model, x, y, n_stages, m)
+        grads, per_mb, payloads, pieces = unpipelined(model, (x, y), n_stages, m)
         xs, ys = np.array_split(x, m), np.array_split(y, m)
         seconds = {"F": 1.0 / v, "B": 1.0 / v, "W": 1.0 / v, "BW": 2.0 / v}
         inputs, names = [], []
@@ -199,7 +159,7 @@ def cases(rng):
                            [a.copy() for a in xs] if r == 0 else None,
                            [a.copy() for a in ys] if r == stage_rank(n_stages - 1, p) else None,
                            rows, dict(seconds)])
-            names.append([_whole_name(pieces[s][0], n) for s in mine for n in pieces[s][1].named_grads()])
+            names.append([whole_name(pieces[s][0], n) for s in mine for n in pieces[s][1].named_grads()])
         where = {"buffered": "", "rendezvous": ", rendezvous mode (a send waits for its "
                                               "receive)"}[mode]
         label = (f"{kind}, p={p} ranks, m={m} microbatches of {rows} rows"

@@ -30,6 +30,7 @@ from . import _common as common
 from ._common import DEPENDS_ON_ALL, USES  # noqa: F401 (see there)
 from ._common import Expected, Mistake, block, by_key, shard
 from ...nn import CausalSelfAttention, Linear, Module
+from ...tensor_parallel.attention import head_columns
 
 NAME = "tp_attention"
 GRADS = ("qkv.weight", "qkv.bias", "proj.weight", "proj.bias")
@@ -90,12 +91,6 @@ def weights(rng, dims):
     return common.params(CausalSelfAttention(dims[2], dims[3], rng), GRADS)
 
 
-def _columns(h, hd, heads):
-    """qkv columns of ``heads``: [their q | their k | their v]."""
-    mine = np.concatenate([np.arange(j * hd, (j + 1) * hd) for j in heads]).astype(int)
-    return np.concatenate([part * h + mine for part in range(3)]), mine
-
-
 def _local(x, dy, w, cols, rows, hd):
     """A CausalSelfAttention holding qkv columns ``cols`` and proj rows ``rows``, no
     proj bias: its forward is a partial sum of Y, its backward a partial dX."""
@@ -147,7 +142,7 @@ def group(w, rng, dims, t):
     swapped = [_local(t * x, None, w, cc, m, hd)[0] + c for cc, m in own]
     contiguous = sum(_local(x, None, w, np.arange(r * 3 * h // t, (r + 1) * 3 * h // t), m, hd)[0]
                      for r, (_, m) in enumerate(own)) + c
-    strided = [dict(zip(("cols", "rows"), _columns(h, hd, range(r, heads, t)))) for r in range(t)]
+    strided = [dict(zip(("cols", "rows"), head_columns(range(r, heads, t), hd, h))) for r in range(t)]
     mistakes = common.block_mistakes(parts, partial_dx, c, t, swapped, "your heads'",
                                      G_HINT, F_HINT) + [
         Mistake({"y": [t * total + c] * t, "dx": [t * whole["dx"]] * t},

@@ -42,6 +42,26 @@ ranks' inputs, or a copy of whose; ``ringlab.show.player.payloads``)::
 The same, in two steps: ``import ringlab.show``, ``c = ringlab.show.contributions(res, inputs)``, then
 ``res.trace.show(contributions=c)``. Inputs must differ between ranks (random
 numbers do): with ``np.ones`` everywhere no sum can be told from another.
+
+**The strategy, not only the collective.** A trace with memory events, computes or
+named regions also gets the views of ``ringlab.show.player.strategy``, with buttons to
+switch: *lanes* (per rank and stream, what it computed and which collectives ran,
+a pipeline's microbatches, a DDP step's buckets, a tensor-parallel region's one
+AllReduce lit) and *memory* (per rank the bytes held per label after each step: a
+ZeRO-3 unit gathered, used, freed). The player opens on the view the trace is about
+(``view=`` chooses); ``parts=`` writes what each rank holds beside its lane::
+
+    >>> from ringlab.nn import MLP
+    >>> from ringlab.tensor_parallel import ParallelMLP
+    >>> mlp = MLP(dim=4, hidden=8, rng=np.random.default_rng(0))
+    >>> def tp_step(comm, x):
+    ...     layer = ParallelMLP.from_mlp(mlp, comm)
+    ...     layer.backward(layer.forward(x))
+    ...     return layer.fc.columns
+    >>> res = ringlab.run(tp_step, [np.ones((2, 4))] * 2)
+    >>> player = res.trace.show(parts=[{"hidden units": cols} for cols in res.outputs])
+    >>> player.data["views"], player.data["view"], player.data["lanes"]["parts"]
+    (['messages', 'lanes'], 'lanes', ['hidden units 0–3', 'hidden units 4–7'])
 """
 
 from __future__ import annotations
@@ -58,15 +78,17 @@ from ...trace import VIEWS
 from ..views import OPS, holdings
 from .layouts import LAYOUTS, infer_layout, layout
 from .payloads import Contributions, contributions
+from .strategy import default_view, lanes_view, memory_frames, memory_view, views_of
 
 __all__ = ["TracePlayer", "show", "show_run", "save_html", "player_data", "contributions",
-           "Contributions", "infer_layout", "layout", "LAYOUTS"]
+           "Contributions", "infer_layout", "layout", "LAYOUTS", "memory_frames", "VIEW_NAMES"]
 
 DETAIL_LIMIT = 32
 MAX_EVENTS = 50_000            # ~1 MB of page; beyond that, filter the trace first
 MAX_CELLS = 2_000_000          # steps x ranks x chunks replayed for the colours
 MAX_CHUNKS = 64                # cells per rank box
 
+VIEW_NAMES = ("messages", "lanes", "memory")   # the ring view, and ringlab.show.player.strategy's
 _counter = itertools.count()   # with a content hash: ids unique on a page, stable across builds
 
 
@@ -81,11 +103,14 @@ def _label(chunk):
 def _title(trace):
     calls = sorted({sp.path.split("/")[0] for sp in trace.spans})
     what = ", ".join(calls) if calls else "trace"
+    if len(calls) > 4:        # a pipeline's actions "0F0", "0F1", ...: a few, then how many
+        what = ", ".join(calls[:3]) + f", … ({len(calls)} span names)"
     return (f"{what} · {trace.world_size} ranks · {trace.steps} steps · "
             f"{len(trace)} message{'s' if len(trace) != 1 else ''}")
 
 
-def player_data(trace, *, layout_kind=None, title=None, detail_limit=DETAIL_LIMIT, contributions=None):
+def player_data(trace, *, layout_kind=None, title=None, detail_limit=DETAIL_LIMIT, contributions=None,
+                view=None, parts=None):
     """Everything the JavaScript draws, as JSON-ready Python data.
 
     ``events``: ``[step, src, dst, chunk index, op index, nbytes, span index]``
@@ -103,9 +128,16 @@ def player_data(trace, *, layout_kind=None, title=None, detail_limit=DETAIL_LIMI
     holdings come from what the messages carried instead of from their labels,
     and ``carried[i]`` = ``[hex mask of the ranks, [chunk indices]]`` says what
     event i carried (None: not readable).
+
+    ``views``: the views this trace has data for, ``"messages"`` (the ring of
+    ranks above) first, then ``"lanes"`` and ``"memory"`` when it has spans or
+    computes, memory events (``ringlab.show.player.strategy``; their data under
+    those keys, None when absent); ``view``: the one shown first (``view=``, or
+    ``default_view``). ``parts``: one text per rank saying what it holds (a
+    tensor-parallel rank's heads), shown beside its lane.
     """
     if contributions is not None:
-        return _from_contributions(trace, contributions, layout_kind, title, detail_limit)
+        return _from_contributions(trace, contributions, layout_kind, title, detail_limit, view, parts)
     if len(trace) > MAX_EVENTS:
         raise ValueError(f"this trace has {len(trace)} messages, more than the player draws "
                          f"({MAX_EVENTS}); show part of it, e.g. trace.filter(span=...)")
@@ -124,7 +156,19 @@ def player_data(trace, *, layout_kind=None, title=None, detail_limit=DETAIL_LIMI
     li = {lab: i for i, lab in enumerate(labels)}
     computes = [[c.step, c.rank, li[c.label], c.duration, c.stream] for c in trace.computes]
     held, note = _holdings(trace, chunks, detail_limit)
-    return {"worldSize": n, "steps": trace.steps, "title": title or _title(trace),
+    views = views_of(trace)
+    lanes = lanes_view(trace, parts) if "lanes" in views else None
+    if lanes is None and "lanes" in views:       # too many computes and spans to draw
+        views.remove("lanes")
+    if view is None:
+        view = default_view(trace, views)
+    elif view not in views:
+        raise ValueError(f"view={view!r}: this trace has the views {views}"
+                         + ("" if view in VIEW_NAMES else f"; views are {VIEW_NAMES}"))
+    if parts is not None and "lanes" not in views:
+        raise ValueError("parts= is drawn beside each rank's lane: this trace has no spans or computes")
+    return {"views": views, "view": view, "lanes": lanes,
+            "memory": memory_view(trace), "worldSize": n, "steps": trace.steps, "title": title or _title(trace),
             "layout": layout(trace, layout_kind), "detailLimit": detail_limit,
             "chunks": [_label(c) for c in chunks], "ops": ops, "spans": spans,
             "events": events, "holdings": held, "note": note,
@@ -132,12 +176,13 @@ def player_data(trace, *, layout_kind=None, title=None, detail_limit=DETAIL_LIMI
             "computes": computes, "computeLabels": labels}
 
 
-def _from_contributions(trace, c, layout_kind, title, detail_limit):
+def _from_contributions(trace, c, layout_kind, title, detail_limit, view, parts):
     """player_data for an unlabelled run: the labels are what the payloads say."""
     if len(c.carried) != len(trace):
         raise ValueError("these contributions belong to another run: "
                          f"{len(c.carried)} messages, the trace has {len(trace)}")
-    data = player_data(trace, layout_kind=layout_kind, title=title, detail_limit=detail_limit)
+    data = player_data(trace, layout_kind=layout_kind, title=title, detail_limit=detail_limit,
+                       view=view, parts=parts)
     ops = sorted({op for op in c.ops if op})
     oi = {o: i for i, o in enumerate(ops)}
     for event, carried, op in zip(data["events"], c.carried, c.ops):
@@ -194,10 +239,11 @@ class TracePlayer:
     """An interactive player for one trace. Displays itself in a notebook
     (``_repr_html_``); ``html()`` is the snippet, ``page()`` a whole document."""
 
-    def __init__(self, trace, *, layout=None, title=None, detail_limit=DETAIL_LIMIT, contributions=None):
+    def __init__(self, trace, *, layout=None, title=None, detail_limit=DETAIL_LIMIT, contributions=None,
+                 view=None, parts=None):
         self.trace = trace
         self.data = player_data(trace, layout_kind=layout, title=title, detail_limit=detail_limit,
-                                contributions=contributions)
+                                contributions=contributions, view=view, parts=parts)
 
     def __repr__(self):
         return f"<TracePlayer: {self.data['title']}>"
@@ -236,7 +282,7 @@ class TracePlayer:
 
 def show(trace, **options):
     """The player for ``trace`` (options: ``layout`` in LAYOUTS, ``title``, ``detail_limit``,
-    ``contributions``)."""
+    ``contributions``, ``view`` in VIEW_NAMES, ``parts``: see player_data)."""
     return TracePlayer(trace, **options)
 
 

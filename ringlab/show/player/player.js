@@ -6,6 +6,11 @@
  * chunk and op. Plain JavaScript and SVG, no libraries, no network: the same code
  * runs in a notebook output, in the built book and in a saved .html file.
  * Python (ringlab/show/player/__init__.py) builds `data`; see player_data() there.
+ *
+ * Two more views show the strategy, when the trace has their data (buttons switch;
+ * ringlab/show/player/strategy.py builds it): "lanes", per rank and stream a
+ * timeline of its computes and spans, lit while the step's messages are theirs;
+ * "memory", per rank the bytes held under each label over the steps, stacked.
  */
 (function () {
   "use strict";
@@ -19,6 +24,9 @@
   var MAX_ARROWS = 300;                  // more would be a solid blur; the list says how many
   var MAX_LISTED = 16;                   // lines in the list of a step (two columns)
   var MAX_SHOWN_HEIGHT = 500;            // px of the drawing on screen, at most
+  var PANE_WIDTH = 760;                  // lanes and memory: drawn in px, at most this wide
+  var PANE_HEIGHT = 430;                 // ... and at most about this tall
+  var VIEW_NAMES = { messages: "messages", lanes: "lanes", memory: "memory" };
 
   function make(ns, tag, attrs, parent, text) {
     var node = ns ? document.createElementNS(ns, tag) : document.createElement(tag);
@@ -123,7 +131,9 @@
     // The SVG is scaled to fit its width; pick the font size that ends up ~11 px on screen.
     // Shown no taller than MAX_SHOWN_HEIGHT px, so that the player with its title and
     // controls fits the 757 px a 1400 x 900 window shows of a page.
-    var shownWidth = Math.min(760, Math.max(w * 1.25, 480), MAX_SHOWN_HEIGHT * w / h);
+    // The view switch, when there is one, takes its height from the drawing's.
+    var most = MAX_SHOWN_HEIGHT - ((d.views || []).length > 1 ? 30 : 0);
+    var shownWidth = Math.min(760, Math.max(w * 1.25, 480), most * w / h);
     return { centres: centres, boxW: boxW, boxH: boxH, cell: cell, cols: cols, rows: rows, chunkRow: chunkRow,
              viewBox: [x0, y0, w, h], shownWidth: shownWidth, font: Math.max(10, 11 * w / shownWidth) };
   };
@@ -141,8 +151,14 @@
     var cols = geo.cols, rows = geo.rows, centres = geo.centres, chunkRow = geo.chunkRow;
     this.font = geo.font;
 
+    var views = d.views || ["messages"];
+    this.view = d.view || "messages";
+    this.root.setAttribute("data-view", this.view);
+    if (views.length > 1) this.buildViewSwitch(views);
+    this.panes = {};
+    var ring = this.panes.messages = el("div", { "class": "rlp-pane", "data-pane": "messages" }, this.root);
     var s = svg("svg", { "class": "rlp-svg", viewBox: geo.viewBox.join(" "), role: "img",
-                         "aria-label": d.title, style: "max-width:" + geo.shownWidth + "px" }, this.root);
+                         "aria-label": d.title, style: "max-width:" + geo.shownWidth + "px" }, ring);
     // Arrowheads: one marker per colour, ids prefixed with this player's id so that
     // two players on one page never pick up each other's markers.
     var defs = svg("defs", {}, s);
@@ -184,10 +200,36 @@
                                      "font-size": 10 }, g));
     });
     this.arrows = svg("g", { "class": "rlp-arrows" }, s);
+    if (d.lanes) this.buildLanes(this.panes.lanes = el("div", { "class": "rlp-pane", "data-pane": "lanes" }, this.root));
+    if (d.memory) this.buildMemory(this.panes.memory = el("div", { "class": "rlp-pane", "data-pane": "memory" }, this.root));
     this.buildControls();
     this.caption = el("div", { "class": "rlp-caption" }, this.root);
     this.list = el("ul", { "class": "rlp-messages" }, this.root);
     this.buildLegend(mode);
+    this.setView(this.view, true);
+  };
+
+  // One button per view the trace has data for; the pressed one is shown.
+  Player.prototype.buildViewSwitch = function (views) {
+    var self = this, bar = el("div", { "class": "rlp-views", role: "group", "aria-label": "view" }, this.root);
+    el("span", { "class": "rlp-views-label" }, bar, "view:");
+    this.viewButtons = {};
+    views.forEach(function (v) {
+      var b = el("button", { type: "button", "class": "rlp-view", "data-view": v,
+                             title: "show the " + VIEW_NAMES[v] + " view" }, bar, VIEW_NAMES[v] || v);
+      b.addEventListener("click", function () { self.setView(v); });
+      self.viewButtons[v] = b;
+    });
+  };
+
+  Player.prototype.setView = function (view, building) {
+    if (!this.panes[view]) view = "messages";
+    this.view = view;
+    this.root.setAttribute("data-view", view);
+    for (var v in this.panes) this.panes[v].style.display = v === view ? "" : "none";
+    for (var b in this.viewButtons || {}) this.viewButtons[b].setAttribute("aria-pressed", b === view ? "true" : "false");
+    this.legend.style.display = view === "messages" ? "" : "none";
+    if (!building) this.show(this.step);
   };
 
   Player.prototype.buildControls = function () {
@@ -223,7 +265,7 @@
   };
 
   Player.prototype.buildLegend = function (mode) {
-    var d = this.d, n = d.worldSize, legend = el("div", { "class": "rlp-legend" }, this.root);
+    var d = this.d, n = d.worldSize, legend = this.legend = el("div", { "class": "rlp-legend" }, this.root);
     if (this.moveOnly) {
       el("span", {}, legend, "copy only: each chunk shows whose data it holds; ");
       var own = el("span", { "class": "rlp-swatch" }, legend, "r");
@@ -263,10 +305,214 @@
     this.step = step;
     this.slider.value = step;
     this.stepText.textContent = "step " + step + " / " + d.steps;
-    this.paintCells(step);
-    this.drawArrows(step);
-    this.drawComputes(step);
+    if (this.view === "lanes") this.drawLanes(step);
+    else if (this.view === "memory") this.drawMemory(step);
+    else {
+      this.paintCells(step);
+      this.drawArrows(step);
+      this.drawComputes(step);
+    }
     this.describe(step);
+  };
+
+  // -- lanes: per rank and stream, what it ran, as a timeline ---------------------------------
+  Player.prototype.buildLanes = function (pane) {
+    var L = this.d.lanes, self = this, n = this.d.worldSize;
+    var subrows = L.rows.reduce(function (t, r) { return t + r[2]; }, 0);
+    var ranks = L.rows.filter(function (r, i) { return i === 0 || L.rows[i - 1][0] !== r[0]; }).length;
+    var gap = L.rows.length > 24 ? 1 : 4, room = PANE_HEIGHT - 40 - gap * L.rows.length - (L.parts ? 15 * ranks : 0);
+    var sub = Math.max(5, Math.min(18, Math.floor(room / subrows)));
+    var labelW = 64, plotW = PANE_WIDTH - labelW - 12, partH = L.parts ? 15 : 0;
+    var scale = plotW / L.end, y = 4, tops = [];
+    L.rows.forEach(function (r, i) {
+      if (i === 0 || L.rows[i - 1][0] !== r[0]) y += partH;    // a line for what the rank holds
+      tops.push(y);
+      y += r[2] * sub + gap;
+    });
+    var height = y + 30;
+    var s = svg("svg", { "class": "rlp-svg rlp-lanes", viewBox: "0 0 " + PANE_WIDTH + " " + height,
+                         role: "img", "aria-label": "lanes: " + this.d.title,
+                         style: "max-width:" + PANE_WIDTH + "px" }, pane);
+    this.laneGeo = { x0: labelW, scale: scale, top: 4, bottom: y - gap, sub: sub };
+    L.rows.forEach(function (r, i) {
+      var first = i === 0 || L.rows[i - 1][0] !== r[0], mid = tops[i] + r[2] * sub / 2;
+      if (first && i > 0) svg("line", { "class": "rlp-lane-sep", x1: 0, x2: PANE_WIDTH, y1: tops[i] - partH - gap / 2,
+                                        y2: tops[i] - partH - gap / 2 }, s);
+      var label = (first ? (n > self.d.detailLimit ? String(r[0]) : "rank " + r[0]) : "") + (r[1] ? (first ? " · " : "") + "stream " + r[1] : "");
+      svg("text", { x: 4, y: mid + 4, "class": "rlp-lane-label",
+                    "font-size": Math.min(11, sub), "data-rank": r[0], "data-stream": r[1] }, s, label);
+      if (first && L.parts) {
+        svg("text", { x: labelW, y: tops[i] - 4, "class": "rlp-lane-part", "font-size": 11, "data-rank": r[0] }, s,
+            "holds " + L.parts[r[0]]);
+      }
+      svg("rect", { "class": "rlp-lane", x: labelW, y: tops[i], width: plotW, height: r[2] * sub }, s);
+    });
+    var g = svg("g", { "class": "rlp-items" }, s);
+    this.laneItems = L.items.map(function (it) {
+      var row = L.rows[it[0]], yy = tops[it[0]] + it[1] * sub + 1, x = labelW + it[2] * scale;
+      var w = Math.max(it[3] > it[2] ? 1 : 6, (it[3] - it[2]) * scale);
+      var node = svg("g", { "class": "rlp-item", "data-rank": row[0], "data-stream": row[1], "data-depth": it[1],
+                            "data-text": L.texts[it[7]], "data-at": it[4] }, g);
+      var rect = svg("rect", { x: it[3] > it[2] ? x : x - 3, y: yy, width: w, height: sub - 2, rx: 2,
+                               fill: L.colours[it[6]] }, node);
+      svg("title", {}, node, L.titles[it[8]]);
+      var text = L.texts[it[7]], label = sub >= 11 ? svg("text", { x: x + w / 2, y: yy + sub / 2 + 3, "class": "rlp-item-label",
+                                                                    "font-size": Math.min(11, sub - 3) }, node, text) : null;
+      if (label) label.setAttribute("fill", dark(L.colours[it[6]]) ? "white" : "#222");
+      return { it: it, node: node, rect: rect, label: label, x: x, w: w, text: text };
+    });
+    // The step's column (steps on the x axis), over the boxes; or the time reached, a line.
+    this.band = svg("rect", { "class": "rlp-band rlp-mem-band", y: 2, height: y - gap, width: 0, x: labelW }, s);
+    this.cursorLine = svg("line", { "class": "rlp-cursor", x1: 0, x2: 0, y1: 2, y2: y - gap }, s);
+    var unit = L.time ? seconds(L.end) : L.end + " step" + (L.end === 1 ? "" : "s");
+    svg("text", { x: labelW, y: y + 10, "class": "rlp-axis", "font-size": 10 }, s, "0");
+    svg("text", { x: labelW + plotW, y: y + 10, "class": "rlp-axis rlp-axis-end", "font-size": 10 }, s, unit);
+    svg("text", { x: labelW + plotW / 2, y: y + 10, "class": "rlp-axis rlp-axis-mid", "font-size": 10 }, s,
+        L.time ? "simulated time →" : "steps →");
+    var legend = el("div", { "class": "rlp-legend rlp-lanes-legend" }, pane);
+    L.legend.forEach(function (l) {
+      var key = el("span", { "class": "rlp-key" }, legend);
+      el("span", { "class": "rlp-swatch" }, key, "\u00a0").style.background = L.colours[l[0]];
+      el("span", {}, key, " " + l[1]);
+    });
+    el("span", { "class": "rlp-hint" }, legend, L.cursor ? "drawn up to the time the step's messages reach; outlined: running in this step" :
+                                        "drawn after the step it starts in; outlined: its messages are this step's");
+  };
+
+  // Dark fill -> white text (a rough luminance).
+  function dark(hex) {
+    if (!/^#[0-9a-f]{6}$/i.test(hex)) return false;
+    var v = [1, 3, 5].map(function (i) { return parseInt(hex.substr(i, 2), 16); });
+    return 0.299 * v[0] + 0.587 * v[1] + 0.114 * v[2] < 140;
+  }
+
+  Player.prototype.drawLanes = function (step) {
+    var L = this.d.lanes, g = this.laneGeo, cursor = L.cursor ? L.cursor[step] : null;
+    this.laneItems.forEach(function (o) {
+      var it = o.it, shown = it[4] <= step, w = o.w;
+      if (shown && cursor !== null && it[3] > it[2]) {   // up to the time reached
+        w = Math.min(o.w, (cursor - it[2]) * g.scale);
+        shown = w > 0;
+      }
+      o.node.setAttribute("data-shown", shown ? "1" : "0");
+      o.node.setAttribute("data-lit", shown && step > 0 && it[4] <= step && step <= it[5] ? "1" : "0");
+      o.node.style.display = shown ? "" : "none";
+      if (!shown) return;
+      o.rect.setAttribute("width", Math.max(w, 1));
+      o.node.setAttribute("class", "rlp-item" + (o.node.getAttribute("data-lit") === "1" ? " rlp-lit" : ""));
+      if (o.label) {
+        o.label.setAttribute("x", o.x + w / 2);
+        o.label.style.display = w >= 6.5 * o.text.length + 4 ? "" : "none";
+      }
+    });
+    if (cursor !== null) {
+      var x = g.x0 + cursor * g.scale;
+      this.cursorLine.setAttribute("x1", x); this.cursorLine.setAttribute("x2", x);
+      this.cursorLine.style.display = "";
+      this.band.style.display = "none";
+    } else {
+      this.cursorLine.style.display = "none";
+      if (!L.time && step > 0) {                  // steps: the band of this step's messages
+        this.band.setAttribute("x", g.x0 + (step - 1) * g.scale);
+        this.band.setAttribute("width", g.scale);
+        this.band.style.display = "";
+      } else this.band.style.display = "none";
+    }
+  };
+
+  // -- memory: per rank, the bytes held under each label, step by step ---------------------------
+  Player.prototype.buildMemory = function (pane) {
+    var M = this.d.memory, n = this.d.worldSize, steps = this.d.steps, nl = M.labels.length;
+    // frames[s][r * nl + k]: bytes after step s, summed from the deltas.
+    var now = new Array(n * nl).fill(0), byStep = [];
+    for (var s0 = 0; s0 <= steps; s0++) byStep.push([]);
+    M.deltas.forEach(function (dl) { byStep[dl[0]].push(dl); });
+    this.memFrames = byStep.map(function (list) {
+      list.forEach(function (dl) { now[dl[1] * nl + dl[2]] += dl[3]; });
+      return now.slice();
+    });
+    var top = Math.max(M.max, Math.max.apply(null, M.peak), 1);
+    var rowH = Math.max(12, Math.min(58, Math.floor((PANE_HEIGHT - 30) / n))), labelW = 58;
+    var chartW = 400, barX = labelW + chartW + 14, barW = 170;
+    var height = n * rowH + 24;
+    var sv = svg("svg", { "class": "rlp-svg rlp-memory", viewBox: "0 0 " + PANE_WIDTH + " " + height,
+                          role: "img", "aria-label": "memory: " + this.d.title,
+                          style: "max-width:" + PANE_WIDTH + "px" }, pane);
+    var cw = chartW / (steps + 1), hh = rowH - 6;
+    this.memGeo = { cw: cw, x0: labelW, barX: barX, barW: barW, top: top };
+    this.memRows = [];
+    for (var r = 0; r < n; r++) {
+      var y0 = r * rowH, base = y0 + rowH - 3;
+      svg("text", { x: 4, y: y0 + rowH / 2 + 4, "class": "rlp-lane-label", "font-size": Math.min(11, rowH - 1) }, sv,
+          n > this.d.detailLimit ? String(r) : "rank " + r);
+      svg("line", { "class": "rlp-mem-axis", x1: labelW, x2: labelW + chartW, y1: base, y2: base }, sv);
+      // One step-shaped area per label, stacked in the order of first alloc.
+      var below = new Array(steps + 1).fill(0);
+      for (var k = 0; k < nl; k++) {
+        var upper = [], pts = [];
+        for (var s1 = 0; s1 <= steps; s1++) upper.push(below[s1] + this.memFrames[s1][r * nl + k]);
+        var yOf = function (v) { return base - hh * v / top; };
+        for (var s2 = 0; s2 <= steps; s2++) pts.push((labelW + s2 * cw) + "," + yOf(upper[s2]), (labelW + (s2 + 1) * cw) + "," + yOf(upper[s2]));
+        for (var s3 = steps; s3 >= 0; s3--) pts.push((labelW + (s3 + 1) * cw) + "," + yOf(below[s3]), (labelW + s3 * cw) + "," + yOf(below[s3]));
+        if (upper.some(function (v, i) { return v !== below[i]; })) {
+          var area = svg("polygon", { points: pts.join(" "), fill: M.colours[k], "class": "rlp-mem-area",
+                                      "data-rank": r, "data-label": M.labels[k] }, sv);
+          svg("title", {}, area, "rank " + r + ": " + M.labels[k]);
+        }
+        below = upper;
+      }
+      var bars = M.labels.map(function (label, k) {
+        var rect = svg("rect", { "class": "rlp-mem-now", y: y0 + 3, height: rowH - 6, x: barX, width: 0,
+                                 fill: M.colours[k], "data-rank": r, "data-label": label, "data-bytes": 0 }, sv);
+        return { rect: rect, tip: svg("title", {}, rect) };
+      });
+      svg("rect", { "class": "rlp-mem-frame", x: barX, y: y0 + 3, width: barW, height: rowH - 6 }, sv);
+      var px = barX + barW * M.peak[r] / top;
+      svg("line", { "class": "rlp-mem-peak", x1: px, x2: px, y1: y0 + 1, y2: y0 + rowH - 1 }, sv);
+      var total = svg("text", { x: barX + barW + 6, y: y0 + rowH / 2 + 4, "class": "rlp-mem-total",
+                                "font-size": Math.min(11, rowH - 1), "data-rank": r }, sv);
+      this.memRows.push({ bars: bars, total: total });
+    }
+    // The current step's column, over the areas.
+    this.memBand = svg("rect", { "class": "rlp-band rlp-mem-band", y: 0, height: n * rowH, width: cw, x: labelW }, sv);
+    svg("text", { x: labelW, y: n * rowH + 14, "class": "rlp-axis", "font-size": 10 }, sv, "step 0");
+    svg("text", { x: labelW + chartW, y: n * rowH + 14, "class": "rlp-axis rlp-axis-end", "font-size": 10 }, sv, "step " + steps);
+    svg("text", { x: barX, y: n * rowH + 14, "class": "rlp-axis", "font-size": 10 }, sv, "after this step");
+    svg("text", { x: barX + barW, y: n * rowH + 14, "class": "rlp-axis rlp-axis-end", "font-size": 10 }, sv, bytes(top));
+    var legend = el("div", { "class": "rlp-legend rlp-memory-legend" }, pane);
+    M.labels.forEach(function (label, k) {
+      var key = el("span", { "class": "rlp-key" }, legend);
+      el("span", { "class": "rlp-swatch" }, key, "\u00a0").style.background = M.colours[k];
+      el("span", {}, key, " " + label);
+    });
+    el("span", { "class": "rlp-hint" }, legend, "held after each step (comm.alloc/free); dashed: the rank's peak, " +
+                                            "also within a step");
+  };
+
+  // Bytes, readably, as ringlab.show.memory.format_bytes: 16000 -> "16 kB".
+  function bytes(b) {
+    var units = [[1e9, "GB"], [1e6, "MB"], [1e3, "kB"]];
+    for (var i = 0; i < units.length; i++) if (b >= units[i][0]) return +(b / units[i][0]).toPrecision(4) + " " + units[i][1];
+    return b + " B";
+  }
+
+  Player.prototype.drawMemory = function (step) {
+    var M = this.d.memory, g = this.memGeo, nl = M.labels.length, frame = this.memFrames[step];
+    this.memBand.setAttribute("x", g.x0 + step * g.cw);
+    this.memRows.forEach(function (row, r) {
+      var x = g.barX, total = 0, parts = [];
+      row.bars.forEach(function (b, k) {
+        var v = frame[r * nl + k], w = g.barW * v / g.top;
+        b.rect.setAttribute("x", x); b.rect.setAttribute("width", w); b.rect.setAttribute("data-bytes", v);
+        b.tip.textContent = "rank " + r + ", after step " + step + ": " + M.labels[k] + " " + bytes(v);
+        x += w; total += v;
+        if (v) parts.push(M.labels[k] + " " + bytes(v));
+      });
+      row.total.textContent = bytes(total);
+      row.total.setAttribute("data-bytes", total);
+      var tip = row.total.querySelector("title") || svg("title", {}, row.total);
+      tip.textContent = parts.join(", ") || "nothing";
+    });
   };
 
   Player.prototype.paintCells = function (step) {
@@ -416,7 +662,7 @@
     var ops = {};
     events.forEach(function (e) { if (e[4] >= 0) ops[d.ops[e[4]]] = true; });
     var what = Object.keys(ops).length ? " (" + Object.keys(ops).join(", ") + ")" : "";
-    var after = d.holdings ? " Colours: the chunks after this step." : "";
+    var after = d.holdings && this.view === "messages" ? " Colours: the chunks after this step." : "";
     this.caption.textContent = step === 0 ?
       "Start: nothing sent yet" + (d.holdings ? "; every rank holds only its own contribution." : ".") :
       "Step " + step + " of " + d.steps + ": " + events.length + " message" +
@@ -429,7 +675,11 @@
         return [{ "class": "rlp-compute-item" }, "rank " + c[1] + " computes " + self.computeText(c)];
       }));
     var cut = items.length > MAX_LISTED ? MAX_LISTED - 1 : items.length;
-    items.slice(0, cut).forEach(function (it) { el("li", it[0], self.list, it[1]); });
+    // One line each (a long one ends in "…"; its tooltip has it whole), so the list keeps its height.
+    items.slice(0, cut).forEach(function (it) {
+      var li = el("li", it[0], self.list, it[1]);
+      li.title = it[1];
+    });
     if (cut < items.length) el("li", {}, this.list, "… and " + (items.length - cut) + " more");
   };
 
