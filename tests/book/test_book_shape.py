@@ -52,9 +52,9 @@ WINDOW = (1400, 900)
 MAX_SCREENS = 12
 
 # chapter -> the checks it does not pass yet ("height", "output width", "figure text")
-# zero12: its hand-drawn holdings figure (6.5 pt) is being replaced by the
-# who-holds-what figure (ringlab.show.ownership), which is 12 pt.
-PENDING = {"book/zero/zero12": {"figure text"}}
+# zero3: its who-holds-what figure (ringlab.show.ownership) is drawn 849 px wide,
+# so shown at 0.91 of its size: its 12-point text is 15.4 px on the page.
+PENDING = {"book/zero/zero3": {"figure text"}}
 
 # sources with code lines over 88 columns, not yet fixed (checked: they must still fail)
 PENDING_CODE = set()
