@@ -21,6 +21,7 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
+from ..show.style import PT
 from . import nccl, timing
 
 PALETTE = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3"]
@@ -30,8 +31,11 @@ def _regions(ax, grid, labels, xs, ys):
     cmap = ListedColormap(PALETTE[:len(labels)])
     ax.pcolormesh(xs, ys, grid, cmap=cmap, vmin=-0.5, vmax=len(labels) - 0.5, shading="nearest")
     ax.set_xscale("log", base=2)
+    # Below the axes (past the tick labels and the axis label): inside, at 12 pt, it
+    # covered a region of its own.
     ax.legend(handles=[Patch(color=PALETTE[i], label=l) for i, l in enumerate(labels)],
-              loc="upper left", fontsize="small")
+              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=min(3, len(labels)),
+              fontsize=PT, frameon=False)
 
 
 def plot_algorithm_regions(algs, world_sizes, alpha, beta, gamma=0.0, sizes=None, ax=None,

@@ -32,6 +32,7 @@ def figure(world_size=4, batch_size=16, lr=0.1, ax=None):
     """Draw ``curves``: the P-rank run on top of the one-process run."""
     import matplotlib.pyplot as plt
 
+    from ..show.style import PT
     c = curves(world_size, batch_size, lr)
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 3))
@@ -41,8 +42,8 @@ def figure(world_size=4, batch_size=16, lr=0.1, ax=None):
     ax.set_xlabel("step")
     ax.set_ylabel("mse loss")
     ax.set_title(f"P={world_size}, batch {batch_size}, lr {lr}: "
-                 f"{c['bytes_per_step']:.0f} bytes per rank per step, "
-                 f"max |diff| {c['diff']:.0e}", fontsize=9)
+                 f"{c['bytes_per_step']:.0f} bytes per rank per step,\n"
+                 f"max |diff| {c['diff']:.0e}", fontsize=PT)
     ax.legend()
     return c
 

@@ -46,19 +46,27 @@ def plot_pipeline(trace, ax=None, *, title=None):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
+    from ..show.style import PT
+    from ..show.timeline import WIDTH, _bar_label_class
     boxes = pipeline_boxes(trace)
     p = trace.world_size
     end = max(b["end"] for b in boxes)
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8.0, 0.5 + 0.45 * p))
+    if ax is None:      # margins in inches, for 12-point text (ringlab.show.style)
+        height = 1.1 + 0.45 * p
+        fig, ax = plt.subplots(figsize=(WIDTH, height))
+        fig.subplots_adjust(left=0.8 / WIDTH, right=1 - 2.3 / WIDTH, bottom=0.65 / height,
+                            top=1 - 0.4 / height)
+    # A character's share of the axis width (a character about 0.62 em wide).
+    char = 0.62 * PT / max(ax.get_position().width * ax.figure.get_figwidth() * 72, 1.0)
     for b in boxes:
         colour = _shade(PALETTE[b["mb"] % len(PALETTE)], b["shade"])
         chunk = b["stage"] // p
         ax.barh(b["rank"], b["end"] - b["start"], left=b["start"], height=0.8, color=colour,
                 edgecolor="white", linewidth=1.0, hatch="///" if chunk % 2 else None)
-        if b["end"] - b["start"] >= 0.012 * (len(b["text"]) + 1) * end:
-            ax.text((b["start"] + b["end"]) / 2, b["rank"], b["text"], ha="center",
-                    va="center", fontsize=7, color="black" if b["shade"] == "F" else "white")
+        if b["end"] - b["start"] >= char * (len(b["text"]) + 1) * end:   # drawn if it fits
+            ax._add_text(_bar_label_class()(                                # as laid out
+                b["start"], b["end"], b["rank"], b["text"], 0.8, ha="center", va="center",
+                fontsize=PT, color="black" if b["shade"] == "F" else "white"))
     ax.axvline(end, color="0.35", ls="--", lw=0.9)
     ax.set_yticks(range(p), [f"rank {r}" for r in range(p)])
     ax.set_ylim(p - 0.4, -0.6)
@@ -73,7 +81,8 @@ def plot_pipeline(trace, ax=None, *, title=None):
     if any(b["stage"] >= p for b in boxes):
         handles.append(Patch(facecolor="0.75", hatch="///", edgecolor="white",
                              label="model chunk 1, 3, ..."))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8,
-              frameon=False, title="colour: microbatch", title_fontsize=8)
-    ax.set_title(title or f"{p} ranks, {end:g} s", fontsize=10)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=PT,
+              frameon=False, title="colour: microbatch", title_fontsize=PT, handlelength=1.2,
+              handletextpad=0.4, borderaxespad=0, alignment="left")
+    ax.set_title(title or f"{p} ranks, {end:g} s", fontsize=PT)
     return ax

@@ -16,6 +16,8 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 
+from .style import PT
+
 OP_COLOURS = {"reduce": "tab:blue", "copy": "tab:green", None: "tab:gray"}
 
 
@@ -61,25 +63,25 @@ def draw_ring(world_size, *, node_labels=None, arrow_labels=None, direction=1,
                 else:          # two ranks: beside the arc, on the side it bulges to
                     f = bend * direction
                     lx, ly = mx + 1.3 * f * (y1 - y0), my - 1.3 * f * (x1 - x0)
-                ax.text(lx, ly, arrow_labels[r], ha="center", va="center", fontsize=9,
+                ax.text(lx, ly, arrow_labels[r], ha="center", va="center", fontsize=PT,
                         color="tab:blue", bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none"))
     for r, (x, y) in enumerate(pos):
         colour = "tab:orange" if r in highlight else "#dbe9f6"
         ax.add_patch(plt.Circle((x, y), node_r, fc=colour, ec="0.2", zorder=3))
-        ax.text(x, y, str(r), ha="center", va="center", fontsize=11, zorder=4)
+        ax.text(x, y, str(r), ha="center", va="center", fontsize=PT, zorder=4)
         if node_labels and r in node_labels:
             # Outside the node, aligned away from the circle so text never covers it.
             ha = "left" if x > 0.3 else ("right" if x < -0.3 else "center")
             va = "bottom" if y > 0.3 else ("top" if y < -0.3 else "center")
             d = 1 + node_r + 0.06
-            ax.text(x * d, y * d, node_labels[r], ha=ha, va=va, fontsize=8)
+            ax.text(x * d, y * d, node_labels[r], ha=ha, va=va, fontsize=PT)
     lim = 2.1 if node_labels else 1.5
     ax.set_xlim(-lim, lim)
     ax.set_ylim(-lim, lim)
     ax.set_aspect("equal")
     ax.axis("off")
     if title:
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=PT)
     return ax
 
 
@@ -100,12 +102,12 @@ def draw_holdings(h, *, steps=None, ncols=4, axes=None):
         ax.imshow(counts, cmap="Blues", vmin=0, vmax=n)
         for r in range(n):
             for j, v in enumerate(counts[r]):
-                ax.text(j, r, str(v), ha="center", va="center", fontsize=9,
+                ax.text(j, r, str(v), ha="center", va="center", fontsize=PT,
                         color="white" if v == n else "black")
-        ax.set_xticks(range(len(chunks)), [f"c{c}" for c in chunks], fontsize=8)
+        ax.set_xticks(range(len(chunks)), [f"c{c}" for c in chunks], fontsize=PT)
         first = ax.get_subplotspec() is None or ax.get_subplotspec().is_first_col()
-        ax.set_yticks(range(n), [f"rank {r}" for r in range(n)] if first else [], fontsize=8)
-        ax.set_title("start" if s == 0 else f"after step {s}", fontsize=9)
+        ax.set_yticks(range(n), [f"rank {r}" for r in range(n)] if first else [], fontsize=PT)
+        ax.set_title("start" if s == 0 else f"after step {s}", fontsize=PT)
     for ax in axes[len(steps):]:
         ax.axis("off")
     return axes
@@ -113,6 +115,16 @@ def draw_holdings(h, *, steps=None, ncols=4, axes=None):
 
 # -- Whole-trace figures for print and PDF. Each returns the matplotlib Figure;
 # -- the data each one draws comes from a function of its own, tested by hand.
+
+WIDTH = 7.9     # inches: the widest figure shown at (about) full size in the book's column
+ROW = 0.24      # inches: the least room a line of 12-point text needs
+
+
+def _every(count, room, need=ROW):
+    """Label every k-th of ``count`` things sharing ``room`` inches, k the least
+    that leaves each label ``need`` inches: fewer labels, never smaller ones."""
+    return max(1, math.ceil(need * count / max(room, 1e-9)))
+
 
 def _figure(width, height, left=0.9, right=0.3, bottom=0.55, top=0.4):
     """A figure whose margins are fixed in inches. (Constrained layout measures
@@ -147,25 +159,35 @@ def plot_holdings_grid(trace, *, per_chunk=None, numbers=None, title=None):
     rows = c if per_chunk else 1
     image = counts.transpose(0, 2, 1).reshape(n * c, steps) if per_chunk else counts.sum(axis=2)
     top = n if per_chunk else n * c                       # the value of a complete cell
-    fig, ax = _figure(3.4 + 0.45 * steps, min(11, 1.2 + 0.24 * n * rows), left=0.9, right=0.9)
+    minor = per_chunk and n * c <= 32                       # chunk names beside the rows
+    left = 1.6 if minor else 1.0
+    # At least 3.2 in across, for the title; the colour bar's label in two lines, at most
+    # 2.5 in each, beside at least 2.6 in of axes.
+    width, height = min(WIDTH, left + 1.5 + max(3.2, 0.45 * steps)), min(11, max(3.7, 1.3 + 0.3 * n * rows))
+    fig, ax = _figure(width, height, left=left, right=1.5, bottom=0.65)
+    room_x, room_y = width - left - 1.5, height - 1.05        # the axes, in inches
     im = ax.imshow(image, cmap="Blues", vmin=0, vmax=top, aspect="auto", interpolation="nearest")
-    if image.size <= 200 if numbers is None else numbers:    # many texts: slow and illegible
+    # The counts in the cells: only where a 12-point number fits (and not thousands of texts).
+    fits = room_x / steps >= 0.1 * (len(str(top)) + 1) and room_y / (n * rows) >= ROW
+    if (image.size <= 200 and fits) if numbers is None else numbers:
         for (i, s), v in np.ndenumerate(image):
-            ax.text(s, i, str(v), ha="center", va="center", fontsize=7,
+            ax.text(s, i, str(v), ha="center", va="center", fontsize=PT,
                     color="white" if v > 0.6 * top else "black")
     for r in range(1, n):                                 # a rule between ranks' bands
         ax.axhline(r * rows - 0.5, color="0.2", lw=1.2 if per_chunk else 0.4)
-    ax.set_yticks([r * rows + (rows - 1) / 2 for r in range(n)], [f"rank {r}" for r in range(n)],
-                  fontsize=8 if n <= 16 else 6)
-    if per_chunk and n * c <= 32:
-        ax.set_yticks(range(n * c), [f"c{k}" for _ in range(n) for k in chunks], minor=True, fontsize=6)
-        ax.tick_params(axis="y", which="major", pad=18)
-    ax.set_xticks(range(steps))
+    k = _every(n, room_y)
+    ax.set_yticks([r * rows + (rows - 1) / 2 for r in range(0, n, k)],
+                  [f"rank {r}" for r in range(0, n, k)], fontsize=PT)
+    if minor:
+        ax.set_yticks(range(n * c), [f"c{k}" for _ in range(n) for k in chunks], minor=True, fontsize=PT)
+        ax.tick_params(axis="y", which="major", pad=30)
+        ax.yaxis.remove_overlapping_locs = False      # odd c: a chunk's row is its rank's middle
+    ax.set_xticks(range(0, steps, _every(steps, room_x, 0.3)))
     ax.set_xlabel("after step (0 = start)")
     what = "contributions held per chunk" if per_chunk else "contributions held, all chunks"
-    cbar = fig.colorbar(im, ax=ax, shrink=0.8, fraction=0.05, pad=0.02, label=f"{what} (complete = {top})")
+    cbar = fig.colorbar(im, ax=ax, shrink=0.8, fraction=0.05, pad=0.02, label=f"{what}\n(complete = {top})")
     cbar.ax.yaxis.set_major_locator(plt.MaxNLocator(integer=True))
-    ax.set_title(title or f"Who holds what: {n} ranks, {steps - 1} steps", fontsize=10)
+    ax.set_title(title or f"Who holds what: {n} ranks, {steps - 1} steps", fontsize=PT)
     return fig
 
 
@@ -190,8 +212,10 @@ def plot_spacetime(trace, time_model=None, *, labels=None, title=None, ax=None):
     end = max([a["t1"] for a in arrows], default=1.0) or 1.0
     standalone = ax is None
     if standalone:
-        fig, ax = _figure(min(14, 2.6 + 0.7 * max(trace.steps, 1)), min(9, 1.2 + 0.45 * n),
-                          left=0.75, right=0.9)
+        labelled = len(arrows) <= 64 if labels is None else labels
+        fig, ax = _figure(min(WIDTH, 2.8 + 0.7 * max(trace.steps, 1)),   # labels: room between them
+                          min(9, 1.3 + (0.6 if labelled else 0.45) * n),
+                          left=0.85 if n <= 10 else 1.0, right=1.05, bottom=0.65)
     else:
         fig = ax.figure
     for r in range(n):
@@ -211,14 +235,17 @@ def plot_spacetime(trace, time_model=None, *, labels=None, title=None, ax=None):
             # put their labels on top of each other.
             name = str(a["chunk"]) if len(str(a["chunk"])) <= 10 else str(a["chunk"])[:9] + "…"
             ax.text(a["t0"] + (a["t1"] - a["t0"]) / 3, a["src"] + (a["dst"] - a["src"]) / 3, f"c{name}",
-                    fontsize=7, ha="center", va="center", color=colour,
+                    fontsize=PT, ha="center", va="center", color=colour,
                     bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none"))
-    ax.set_yticks(range(n), [f"rank {r}" for r in range(n)], fontsize=8 if n <= 16 else 6)
+    box = ax.get_position()
+    room_x, room_y = box.width * fig.get_figwidth(), box.height * fig.get_figheight()
+    k = _every(n, room_y)
+    ax.set_yticks(range(0, n, k), [f"rank {r}" for r in range(0, n, k)], fontsize=PT)
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_xlim(0, end * 1.02)
     ax.set_xlabel("step" if time_model is None else "time (s)")
     if time_model is None and trace.steps <= 30:
-        ax.set_xticks(range(trace.steps + 1))
+        ax.set_xticks(range(0, trace.steps + 1, _every(trace.steps + 1, room_x, 0.3)))
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     # The legend explains the colours of ops. Messages sent without op= are grey:
@@ -228,8 +255,8 @@ def plot_spacetime(trace, time_model=None, *, labels=None, title=None, ax=None):
     if standalone and named:   # (in a grid of subplots the legend would cover the next one)
         ax.legend(handles=[plt.Line2D([], [], color=OP_COLOURS.get(o, "tab:purple"),
                                       label="no op=" if o is None else str(o)) for o in ops],
-                  loc="upper left", bbox_to_anchor=(1, 1), fontsize=8, frameon=False)
-    ax.set_title(title or f"Messages over time: {n} ranks, {len(arrows)} messages", fontsize=10)
+                  loc="upper left", bbox_to_anchor=(1, 1), fontsize=PT, frameon=False)
+    ax.set_title(title or f"Messages over time: {n} ranks, {len(arrows)} messages", fontsize=PT)
     return fig
 
 
@@ -247,15 +274,17 @@ def plot_bytes_sent(trace, *, title=None):
     parts, received = bytes_by_rank(trace), trace.bytes_received()
     n = trace.world_size
     x = np.arange(n)
-    fig, ax = _figure(min(12, 3.2 + 0.45 * n), 3, left=0.75, right=1.9)
+    width = min(WIDTH, 3.4 + 0.45 * n)
+    fig, ax = _figure(width, 3.4, left=1.0, right=2.4, bottom=0.65)
     bottom = np.zeros(n)
     for span, sent in parts.items():
         ax.bar(x - 0.2, sent, width=0.4, bottom=bottom, label=f"sent: {span or '(no span)'}")
         bottom += sent
     ax.bar(x + 0.2, received, width=0.4, fc="0.85", ec="0.4", label="received")
-    ax.set_xticks(x, [str(r) for r in x], fontsize=8 if n <= 32 else 6)
+    k = _every(n, width - 3.4, 0.1 * (len(str(n - 1)) + 1))
+    ax.set_xticks(x[::k], [str(r) for r in x[::k]], fontsize=PT)
     ax.set_xlabel("rank")
     ax.set_ylabel("bytes")
-    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1, 1))
-    ax.set_title(title or f"Bytes per rank: {trace.total_bytes} in total", fontsize=10)
+    ax.legend(fontsize=PT, frameon=False, loc="upper left", bbox_to_anchor=(1, 1))
+    ax.set_title(title or f"Bytes per rank: {trace.total_bytes} in total", fontsize=PT)
     return fig

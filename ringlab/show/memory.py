@@ -34,6 +34,7 @@ import numpy as np
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
+from .style import PT
 from .timeline import COMPUTE_COLOURS, _time_unit
 from ..trace import _group
 
@@ -160,8 +161,8 @@ def plot_memory(trace, ranks=None, ax=None, by_label=True, *, group_labels=False
     handles, names = ax.get_legend_handles_labels()
     if names:       # top to bottom, as the layers are stacked
         ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.01, 1),
-                  fontsize=8, frameon=False)
-    ax.set_title(title or f"{name}: peak {format_bytes(peak)}", fontsize=10)
+                  fontsize=PT, frameon=False)
+    ax.set_title(title or f"{name}: peak {format_bytes(peak)}", fontsize=PT)
     return ax
 
 
@@ -186,7 +187,7 @@ def plot_memory_side_by_side(runs, rank=0, *, group_labels=False, axes=None):
         # page (784 px wide in the book): a row of four was shrunk to 0.56.
         cols = min(2, len(runs))
         rows = -(-len(runs) // cols)
-        _, axes = plt.subplots(rows, cols, figsize=(3.7 * cols + 0.2, 2.1 * rows + 0.5),
+        _, axes = plt.subplots(rows, cols, figsize=(3.7 * cols + 0.2, 1.9 * rows + 0.5),
                                sharey=True, squeeze=False, layout="constrained")
         for ax in axes.ravel()[len(runs):]:
             ax.set_visible(False)

@@ -29,10 +29,11 @@ import matplotlib
 from matplotlib.text import Text
 
 BODY_PX = 16                  # the book's body text, in CSS pixels
+PT = 12                       # the smallest text a figure draws, in points: 16.7 px at 100 dpi
 KEY = "ringlab:smallest-text-pt"
-RC = {"font.size": 12, "axes.titlesize": 12, "axes.labelsize": 12, "xtick.labelsize": 12,
-      "ytick.labelsize": 12, "legend.fontsize": 12, "legend.title_fontsize": 12,
-      "figure.titlesize": 13}
+RC = {"font.size": PT, "axes.titlesize": PT, "axes.labelsize": PT, "xtick.labelsize": PT,
+      "ytick.labelsize": PT, "legend.fontsize": PT, "legend.title_fontsize": PT,
+      "figure.titlesize": PT + 1}
 
 
 def _drawn(text, renderer):

@@ -37,6 +37,7 @@ backward pass?) and of pipeline bubbles.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 
@@ -291,6 +292,7 @@ def _jsonable(label):
 COMPUTE_COLOURS = ["#4e79a7", "#59a14f", "#76b7b2", "#b07aa1", "#9c755f", "#bab0ac",
                    "#86bcb6", "#8cd17d", "#a0cbe8", "#d4a6c8"]
 COMM_COLOURS = ["#f28e2b", "#e15759", "#edc948", "#ff9da7", "#d37295", "#fabfd2", "#b6992d"]
+WIDTH = 7.9          # inches: about the 772 px of the book's column at 100 dpi
 NO_SPAN = "point-to-point"       # the legend's name for messages sent outside any collective
 
 
@@ -351,6 +353,7 @@ def plot_gantt(trace, ax=None, *, color_by="label", ranks=None, title=None, time
     from matplotlib.patches import Patch
     from matplotlib.ticker import FuncFormatter
 
+    from .style import PT
     model = default_time_model(trace) if time_model is None else time_model
     bars = gantt_bars(trace, color_by=color_by, time_model=model)
     ranks = list(range(trace.world_size)) if ranks is None else list(ranks)
@@ -367,11 +370,11 @@ def plot_gantt(trace, ax=None, *, color_by="label", ranks=None, title=None, time
     band = len(lanes) + 0.6
     lane_y = {(r, lane): i * band + j for i, r in enumerate(ranks) for j, lane in enumerate(lanes)}
 
-    if ax is None:
-        height = min(9.0, 1.1 + 0.24 * band * len(ranks))
-        fig, ax = plt.subplots(figsize=(8.0, height))
-        fig.subplots_adjust(left=1.15 / 8.0, right=1 - 1.9 / 8.0, bottom=0.5 / height,
-                            top=1 - 0.35 / height)
+    if ax is None:      # margins in inches, for 12-point text (ringlab.show.style)
+        height = min(9.0, 1.3 + 0.26 * band * len(ranks))
+        fig, ax = plt.subplots(figsize=(WIDTH, height))
+        fig.subplots_adjust(left=1.6 / WIDTH, right=1 - 2.05 / WIDTH, bottom=0.65 / height,
+                            top=1 - 0.4 / height)
 
     def colours(keys, palette):
         return {k: palette[i % len(palette)] for i, k in enumerate(keys)}
@@ -383,6 +386,8 @@ def plot_gantt(trace, ax=None, *, color_by="label", ranks=None, title=None, time
                                    if b["kind"] != "compute"))
     colour = {**colours(compute_keys, COMPUTE_COLOURS), **colours(comm_keys, COMM_COLOURS)}
 
+    # A character's share of the axis width (the axes' width in points, as laid out now).
+    char = 0.62 * PT / max(ax.get_position().width * ax.figure.get_figwidth() * 72, 1.0)
     for b in bars:
         if b["kind"] == "compute":
             y, h = lane_y[b["rank"], "stream 1" if b["stream"] else "compute"], 0.8
@@ -393,11 +398,12 @@ def plot_gantt(trace, ax=None, *, color_by="label", ranks=None, title=None, time
                        hatch="////" if b["kind"] != "compute" and b["stream"] else None,
                        hatchcolor=(1, 1, 1, 0.7), zorder=2)[0]
         rect.set_gid(b["kind"])
-        # A label only where it fits: at 7 pt a character takes about 1.2% of
-        # the axis width (8 in figure); a clipped label reads as noise.
-        if b["text"] and b["end"] - b["start"] >= 0.012 * (len(b["text"]) + 1) * end:
-            txt = ax.text((b["start"] + b["end"]) / 2, y, b["text"], ha="center", va="center",
-                          fontsize=7, color="white", zorder=3)
+        # A label only where it fits (a character about 0.62 em wide); a clipped
+        # label reads as noise.
+        if b["text"] and b["end"] - b["start"] >= char * (len(b["text"]) + 1) * end:
+            txt = _bar_label_class()(b["start"], b["end"], y, b["text"], h, ha="center",
+                                      va="center", fontsize=PT, color="white", zorder=3)
+            ax._add_text(txt)
             txt.set_clip_path(rect)         # never spill over a short bar,
             txt.set_clip_box(ax.bbox)       # nor out of a zoomed-in axis
             # Inside its bar, which the axes clip: it never needs room of its own, and a
@@ -412,15 +418,20 @@ def plot_gantt(trace, ax=None, *, color_by="label", ranks=None, title=None, time
     ax.set_xlabel(f"simulated time ({unit})" if timed else f"time ({unit}; messages: {model!r})")
     ax.set_xlim(0, end * 1.02)
 
-    # y: small lane names, and "rank r" further left.
+    # y: the lane names, and "rank r" further left (past the longest lane name).
+    # Lane names only where a 12-point name has its room (0.17 in a lane; else the bars'
+    # height tells compute from the ports).
     ys = sorted(lane_y.items(), key=lambda kv: kv[1])
-    ax.set_yticks([y for _, y in ys], [lane for (_, lane), _ in ys], fontsize=7)
+    units = lane_y[ranks[-1], lanes[-1]] + 1.4
+    room = ax.get_position().height * ax.figure.get_figheight() / units >= 0.17
+    ax.set_yticks([y for _, y in ys], [lane if room else "" for (_, lane), _ in ys], fontsize=PT)
     ax.tick_params(axis="y", length=0)
+    left = -(0.62 * PT * max(len(lane) for lane in lanes) + 10) if room else -6
     for r in ranks:
         middle = (lane_y[r, lanes[0]] + lane_y[r, lanes[-1]]) / 2
         ax.annotate(f"rank {r}", xy=(0, middle), xycoords=("axes fraction", "data"),
-                    xytext=(-42, 0), textcoords="offset points", ha="right", va="center",
-                    fontsize=9, fontweight="bold")
+                    xytext=(left, 0), textcoords="offset points", ha="right", va="center",
+                    fontsize=PT, fontweight="bold")
     ax.set_ylim(lane_y[ranks[-1], lanes[-1]] + 0.7, -0.7)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
@@ -432,12 +443,41 @@ def plot_gantt(trace, ax=None, *, color_by="label", ranks=None, title=None, time
         handles.append(Patch(facecolor="0.6", edgecolor="white", hatch="////", hatchcolor="white",
                              label="comm.start stream"))
     if handles:
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8,
-                  frameon=False)
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=PT,
+                  frameon=False, handlelength=1.2, handletextpad=0.4, borderaxespad=0)
     scale_t, unit_t = _time_unit(trace.time or end)
     ax.set_title(title or f"Timeline: {len(ranks)} ranks, "
-                          f"{(trace.time or end) * scale_t:.4g} {unit_t}", fontsize=10)
+                          f"{(trace.time or end) * scale_t:.4g} {unit_t}", fontsize=PT)
     return ax
+
+
+@functools.cache
+def _bar_label_class():
+    """``BarLabel`` (made on first use: matplotlib is imported only to draw)."""
+    from matplotlib.text import Text
+
+    class BarLabel(Text):
+        """A bar's label, drawn in the middle of the bar's visible part, and only
+        if it fits there whole (a zoomed-in axis cuts bars, a crowded figure thins
+        them: half a word is noise). ``height``: the bar's, in data units."""
+
+        def __init__(self, start, end, y, text, height, **kwargs):
+            super().__init__((start + end) / 2, y, text, **kwargs)
+            self.span, self.height = (start, end), height
+
+        def draw(self, renderer):
+            x0, x1 = sorted(self.axes.get_xlim())
+            a, b = max(self.span[0], x0), min(self.span[1], x1)
+            if b <= a:
+                return
+            self.set_x((a + b) / 2)
+            y = self.get_position()[1]
+            (left, bottom), (right, top) = self.axes.transData.transform(
+                [(a, y - self.height / 2), (b, y + self.height / 2)])
+            box = self.get_window_extent(renderer)
+            if box.width + 6 <= right - left and 0.75 * box.height <= abs(top - bottom):
+                super().draw(renderer)
+    return BarLabel
 
 
 def _natural(text):

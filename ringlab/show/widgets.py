@@ -25,6 +25,7 @@ import numpy as np
 from ..runner import run
 
 from . import figures
+from .style import PT
 from .player import TracePlayer
 
 VIEWS = ("player", "holdings", "space-time", "bytes")
@@ -127,7 +128,7 @@ class Explorer:
                 fig = draw(self.trace)
             except ValueError as exc:  # e.g. holdings of an unlabelled trace
                 fig = plt.figure(figsize=(6, 1))
-                fig.text(0.02, 0.5, str(exc)[:120], fontsize=8, va="center")
+                fig.text(0.02, 0.5, str(exc)[:120], fontsize=PT, va="center", wrap=True)
             buf = io.BytesIO()
             fig.savefig(buf, format="png", dpi=72)
             plt.close(fig)      # else the notebook shows it again after the next cell

@@ -31,6 +31,7 @@ on the built HTML for outputs (they exist only after the chapter has run).
 """
 
 import html.parser
+import math
 import os
 import re
 import unicodedata
@@ -38,7 +39,8 @@ from pathlib import Path
 
 import pytest
 
-from support.built_book import WINDOW
+from ringlab.show import style
+from support.built_book import WINDOW, text_px
 from support.chromium import CHROMIUM, DRIVER
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,8 +48,10 @@ BOOK_HTML = os.environ.get("RINGLAB_BOOK_HTML")
 CODE_WIDTH = OUTPUT_WIDTH = 88
 MAX_SCREENS = 12
 
-# chapter -> the checks it does not pass yet ("height", "output width")
-PENDING = {}
+# chapter -> the checks it does not pass yet ("height", "output width", "figure text")
+# zero3: its who-holds-what figure (ringlab.show.ownership) is drawn 849 px wide,
+# so shown at 0.91 of its size: its 12-point text is 15.4 px on the page.
+PENDING = {"book/zero/zero3": {"figure text"}}
 
 # sources with code lines over 88 columns, not yet fixed (checked: they must still fail)
 PENDING_CODE = set()
@@ -269,6 +273,32 @@ SHOWN = 757
 MIN_SCALE = 0.85
 
 
+def test_text_px_measures_the_smallest_text_on_the_page(tmp_path):
+    # A figure drawn by the book's kernel (style.png) with a 7-point label: at 100
+    # dpi (the PNG keeps it in pixels per metre) and full size 9.7 px, under the
+    # body's 16; shown at half its width, half that; a PNG without the size (not
+    # the book's kernel) is None; no text, inf.
+    import matplotlib
+    import PIL.Image
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(3, 2), dpi=100)
+    ax.set_title("twelve", fontsize=12)
+    ax.text(0.5, 0.5, "tiny", fontsize=7)
+    (tmp_path / "small.png").write_bytes(style.png(fig))
+    width = PIL.Image.open(tmp_path / "small.png").width
+    assert text_px(tmp_path / "small.png", width) == pytest.approx(7 * 100 / 72, rel=1e-4)
+    assert text_px(tmp_path / "small.png", width) < style.BODY_PX
+    assert text_px(tmp_path / "small.png", width / 2) == pytest.approx(7 * 100 / 72 / 2, rel=1e-4)
+    fig.savefig(tmp_path / "plain.png")
+    assert text_px(tmp_path / "plain.png", 300) is None
+    ax.clear()
+    ax.axis("off")
+    (tmp_path / "blank.png").write_bytes(style.png(fig))
+    assert text_px(tmp_path / "blank.png", 300) == math.inf
+    plt.close(fig)
+
+
 @needs_built_book
 @pytest.mark.skipif(not (CHROMIUM and DRIVER),
                     reason="needs Debian's chromium and chromium-driver")
@@ -276,16 +306,16 @@ def test_chapters_are_at_most_twelve_screens(book_window, built_book_pages):
     """Measured in one visit per page (tests/support/built_book.py), with the JavaScript
     check of tests/show/test_browser.py::test_player_runs_in_the_built_book."""
     assert book_window.execute_script("return [window.innerWidth, window.innerHeight]") == list(WINDOW)
-    heights, panels, scales, texts = {}, {}, {}, {}
+    heights, panels, scales, texts, bodies = {}, {}, {}, {}, {}
     for md in chapters():
         visit = built_book_pages[Path(BOOK_HTML) / f"{md}.html"]
         heights[md], panels[md], scales[md] = visit.height, visit.panels, visit.scales
-        texts[md] = visit.texts
+        texts[md], bodies[md] = visit.texts, visit.body
     report = "\n".join(f"{md:<32} {h:>7,} px = {h / WINDOW[1]:5.1f} screens"
                        for md, h in heights.items())
     print(f"\nrendered heights at {WINDOW[0]} x {WINDOW[1]}, folded content closed:\n{report}")
     print("smallest figure text on the page, px:\n" + "\n".join(
-        f"{md:<32} {sorted((px or 0) for _, px in found)}" for md, found in texts.items()))
+        f"{md:<32} {sorted(round(px or 0, 1) for _, px in found)}" for md, found in texts.items()))
     over = {md for md, h in heights.items() if h > MAX_SCREENS * WINDOW[1]}
     fixed = sorted(md for md, checks in PENDING.items() if "height" in checks and md not in over)
     assert not fixed, f"these now pass: remove 'height' from PENDING: {fixed}\n{report}"
@@ -297,3 +327,17 @@ def test_chapters_are_at_most_twelve_screens(book_window, built_book_pages):
     shrunk = {md: [f for f in found if f[1] < MIN_SCALE] for md, found in scales.items()}
     assert not any(shrunk.values()), f"figures shown below {MIN_SCALE} of their size: {shrunk}"
     assert sum(map(len, scales.values())) >= 40
+    # Every figure's words as large on the page as the words around them (issue 23).
+    assert set(bodies.values()) == {f"{style.BODY_PX}px"}, f"body text: {bodies}"
+    unmarked = {md: [f for f, px in found if px is None] for md, found in texts.items()}
+    assert not any(unmarked.values()), (
+        f"figures without {style.KEY} (not drawn by the book's kernel: run make): {unmarked}")
+    small = {md: [f"{md} {f} {px:.1f} px" for f, px in found if px < style.BODY_PX]
+             for md, found in texts.items()}
+    fixed = sorted(md for md, checks in PENDING.items()
+                   if "figure text" in checks and md in small and not small[md])
+    assert not fixed, f"these now pass: remove 'figure text' from PENDING: {fixed}"
+    failing = [line for md, lines in small.items()
+               if "figure text" not in PENDING.get(md, ()) for line in lines]
+    assert not failing, (f"figures whose smallest text is under the body's {style.BODY_PX} px "
+                         f"on the page:\n" + "\n".join(failing))

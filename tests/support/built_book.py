@@ -8,6 +8,7 @@ of tests/conftest.py) halves the page loads of `make shape`; each page's console
 read after it has loaded and MathJax has typeset it, so an error logged then is seen.
 """
 
+import math
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -57,19 +58,32 @@ def figure_scales(driver):
         "i => i.naturalWidth > 0).map(i => [i.src, i.clientWidth / i.naturalWidth])")]
 
 
+def text_px(png, shown_width):
+    """CSS px of the smallest text of the figure in the file ``png`` shown
+    ``shown_width`` px wide: the points the kernel wrote into it (ringlab.show.style)
+    at the file's dpi, times its shown scale. None: the file carries no size (the
+    book's kernel did not draw it); inf: the figure has no text."""
+    with PIL.Image.open(png) as im:
+        pt, dpi = im.text.get(style.KEY), im.info.get("dpi", (72, 72))[0]
+        if pt is None:
+            return None
+        return float(pt) * dpi / 72 * shown_width / im.width if pt else math.inf
+
+
 def smallest_texts(driver):
-    """(file, CSS px of its smallest text on the page, or None) of every figure in
-    the page's cell outputs: the points the kernel wrote into the PNG
-    (ringlab.show.style) at the file's dpi, times the figure's shown scale."""
-    found = []
-    for src, shown in driver.execute_script(
-            "return Array.from(document.querySelectorAll('.cell_output img')).filter("
-            "i => i.naturalWidth > 0).map(i => [i.src, i.clientWidth])"):
-        with PIL.Image.open(Path(urllib.parse.urlparse(urllib.parse.unquote(src)).path)) as im:
-            pt, dpi = im.text.get(style.KEY), im.info.get("dpi", (72, 72))[0]
-            px = float(pt) * dpi / 72 * shown / im.width if pt else None
-        found.append((src.rsplit("/", 1)[-1], None if px is None else round(px, 1)))
-    return found
+    """(file, CSS px of its smallest text on the page, or None: see text_px) of
+    every figure in the page's cell outputs."""
+    return [(src.rsplit("/", 1)[-1],
+             text_px(Path(urllib.parse.urlparse(urllib.parse.unquote(src)).path), shown))
+            for src, shown in driver.execute_script(
+                "return Array.from(document.querySelectorAll('.cell_output img')).filter("
+                "i => i.naturalWidth > 0).map(i => [i.src, i.clientWidth])")]
+
+
+def body_px(driver):
+    """The CSS font size of the page's body text (its first paragraph), e.g. '16px'."""
+    return driver.execute_script(
+        "return getComputedStyle(document.querySelector('article p')).fontSize")
 
 
 def panel_heights(driver):
@@ -85,6 +99,7 @@ class Visit:
     panels: list         # panel_heights
     scales: list         # figure_scales
     texts: list          # smallest_texts
+    body: str            # body_px
     console: list        # the page's SEVERE console messages
 
 
@@ -94,6 +109,7 @@ def visit_every_page(driver, html):
     for page in sorted((Path(html) / "book").rglob("*.html")):
         driver.get_log("browser")              # what earlier pages left in the log
         height = rendered_height(driver, page)
-        visits[page] = Visit(height, panel_heights(driver), figure_scales(driver), smallest_texts(driver),
+        visits[page] = Visit(height, panel_heights(driver), figure_scales(driver),
+                             smallest_texts(driver), body_px(driver),
                              [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"])
     return visits
