@@ -113,7 +113,11 @@ def plot_who_holds_what(holdings, *, tensors=None, title=None, width=7.7, row=0.
     label_w, head = 0.9, 0.45 + (0.3 if title else 0)
     kinds = [k for k in KINDS if any(p.kind == k for r in ranks for p in holdings[r])]
     legend = len(kinds) > 1 if legend is None else legend
-    legend_h = 0.45 if legend else 0.1
+    # One row of kinds if it fits the width at FONT points (about 0.6 em a letter,
+    # plus the swatch and the gaps), else two.
+    one_row = sum(0.6 * FONT / 72 * len(k) + 0.75 for k in kinds) <= width - 0.2
+    ncols = len(kinds) if one_row else -(-len(kinds) // 2)
+    legend_h = (0.45 if one_row else 0.75) if legend else 0.1
     height = head + row * len(ranks) + legend_h
     fig = plt.figure(figsize=(width, height))
     ax = fig.add_axes([label_w / width, legend_h / height, 1 - (label_w + 0.1) / width,
@@ -148,5 +152,5 @@ def plot_who_holds_what(holdings, *, tensors=None, title=None, width=7.7, row=0.
         fig.suptitle(title, fontsize=FONT + 1, y=1 - 0.12 / height, va="top")
     if legend:
         fig.legend(handles=[Patch(fc=KINDS[k], label=k) for k in kinds], loc="lower center",
-                   ncols=len(kinds), fontsize=FONT, frameon=False, bbox_to_anchor=(0.5, 0))
+                   ncols=ncols, fontsize=FONT, frameon=False, bbox_to_anchor=(0.5, 0))
     return fig
