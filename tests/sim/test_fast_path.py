@@ -88,6 +88,14 @@ def program(comm, seed, ops):
         elif kind == "memory":
             comm.alloc("buf", 8 * (me + 1))
             comm.free("buf")
+        elif kind == "layout" and n > 1:      # F-ordered and reversed views travel as they are
+            _, rows = op
+            x = np.asfortranarray(np.arange(rows * 3, dtype=float).reshape(rows, 3) + me)
+            if me == 0:
+                comm.send(x, 1)
+                comm.send(x[::-1, ::2], 1, tag=1)
+            elif me == 1:
+                got += [comm.recv(0), comm.recv(0, tag=1)]
         elif kind == "orphan" and me == 0 and n > 1:
             comm.send(np.ones(2), 1, tag=99)
     for req in pending:
@@ -107,6 +115,7 @@ def ops():
         st.just(("group",)),
         st.tuples(st.just("work"), st.integers(1, 5), st.integers(0, 1)),
         st.just(("memory",)),
+        st.tuples(st.just("layout"), st.integers(1, 4)),
         st.just(("orphan",))), min_size=1, max_size=14)
 
 
@@ -129,7 +138,8 @@ def outcome(world_class, monkeypatch, n, seed, prog, mode, network, record):
         t = e.trace
         return ("deadlock", str(e), [tuple(ev) for ev in t.events], t.spans)
     t = res.trace
-    arrays = lambda xs: [(a.shape, a.dtype.str, a.tobytes()) for a in xs]
+    arrays = lambda xs: [(a.shape, a.dtype.str, a.strides, a.flags.c_contiguous, a.tobytes())
+                         for a in xs]
     return ([tuple(e) for e in t.events], t.spans, t.computes, t.memory,
             [tuple(e) for e in t.unreceived], t.group_ranks, res.time,
             [arrays(out) for out in res.outputs],
