@@ -21,7 +21,7 @@ from ringlab.collectives import ring_allreduce
 from ringlab.cost.alpha_beta import AlphaBeta, TwoLevel
 from ringlab.errors import DeadlockError
 
-from tests.support import reference_world
+from support import reference_world
 
 DTYPES = ("float64", "float32", "int64")
 FAST = ringlab.sim.World         # taken now: the tests below swap ringlab.sim.World

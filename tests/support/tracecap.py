@@ -1,7 +1,7 @@
 """A pytest plugin that fingerprints every simulated run, to check that a change
 of the simulator keeps traces bit-identical across the test suite:
 
-    TRACECAP=/tmp/old.pkl PYTHONPATH=$PWD python -m pytest -p tests.support.tracecap tests/sim ...
+    TRACECAP=/tmp/old.pkl PYTHONPATH=$PWD:$PWD/tests python -m pytest -p support.tracecap tests/sim ...
     # ... change the simulator, run again into /tmp/new.pkl, then
     python tests/support/tracecap_compare.py /tmp/old.pkl /tmp/new.pkl
 
