@@ -67,6 +67,7 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab exercises
 
 bench: $(STAMP)
+	$(BIN)/python bench/sim_targets.py
 	$(BIN)/python bench/ring_allreduce.py
 	$(BIN)/python bench/sim_overhead.py
 	$(BIN)/python bench/nn_vs_torch.py

@@ -51,6 +51,10 @@ _ABANDONED = []
 WORLD = 0        # the whole world's group id
 _INF = float("inf")
 _LAST = 1 << 62      # a heap order after every actor's (see World._order)
+_get_ident = threading.get_ident
+_new_tuple = tuple.__new__      # Event(...) without its Python-level __new__: the same tuple
+_heapreplace, _heappush, _heappop = heapq.heapreplace, heapq.heappush, heapq.heappop
+_MISSING = object()             # World._take: no message to take at once
 
 
 class Actor:
@@ -186,6 +190,9 @@ class World(WorldProtocol):
         # array handed over), to tell later which receiver changed its array.
         self.payloads = {} if record_payloads else None
         self.handed = [] if record_payloads else None
+        # A receive of anything that finds its message waiting, sent and done,
+        # needs no Request (see _take): so in buffered mode without payload records.
+        self.quick = not self.rendezvous and not record_payloads
         self.heap, self.pushes = [], 0
         self.any_waiters = []
         self.current = None
@@ -205,7 +212,8 @@ class World(WorldProtocol):
 
     def _push(self, actor):
         self.pushes += 1
-        heapq.heappush(self.heap, (actor.time, self._order(actor), self.pushes, actor))
+        _heappush(self.heap, (actor.time, (actor.clock * self.world_size + actor.rank) * 2
+                              + actor.stream, self.pushes, actor))
 
     def _yield(self):
         """Hand control on until someone wakes us: straight to the next actor
@@ -234,12 +242,14 @@ class World(WorldProtocol):
         heap = self.heap
         if not heap:
             return
-        top, order = heap[0], self._order(me)
-        if top[0] < me.time or top[0] == me.time and top[1] < order:
+        top, time = heap[0], me.time
+        if top[0] < time or top[0] == time and top[1] < (
+                (me.clock * self.world_size + me.rank) * 2 + me.stream):
             if top[-1].glet and not self.any_waiters:
                 # Swap places with the top in one heap operation and run it directly.
                 self.pushes += 1
-                nxt = heapq.heapreplace(heap, (me.time, order, self.pushes, me))[-1]
+                nxt = _heapreplace(heap, (time, (me.clock * self.world_size + me.rank) * 2
+                                          + me.stream, self.pushes, me))[-1]
                 self.current = nxt
                 nxt.glet.switch()
                 if self.aborting:
@@ -305,7 +315,7 @@ class World(WorldProtocol):
     def _same_thread(self):
         """Ranks run on the thread that runs the world: a call from a thread the
         program started itself would run a rank outside the scheduler."""
-        if threading.get_ident() != self.thread:
+        if _get_ident() != self.thread:
             raise CommError("communication calls must come from the program or from a work "
                             "(comm.start), not from a thread the program started itself")
 
@@ -398,38 +408,64 @@ class World(WorldProtocol):
         self.current = None
 
     # -- point to point -------------------------------------------------------------
+    # The hot path: a run of the book's ring sends hundreds of thousands of
+    # messages, and what each costs here is what the simulator costs (see
+    # bench/README.md). So: no call into ``_same_thread`` or ``max`` (the tests
+    # are inlined, ``max``'s "first of the largest" kept), one check of the thread
+    # per call from the program, and send, receive and wait of ``send``,
+    # ``recv`` and ``sendrecv`` done here instead of through the generic
+    # ``ringlab.comm.World`` defaults (which would check and look up twice).
     def isend(self, comm, array, dst, chunk, op, tag):
-        self._same_thread()
+        if _get_ident() != self.thread:
+            self._same_thread()
+        return self._isend(comm, array, dst, chunk, op, tag)
+
+    def _isend(self, comm, array, dst, chunk, op, tag):
         me = comm._me
-        self._sync(me)
-        payload = np.array(array, copy=True)   # buffered: later changes do not travel
+        if self.heap:
+            self._sync(me)
+        # Buffered: later changes do not travel. ndarray.copy(order="K") is
+        # np.array(array, copy=True) for an ndarray, without its argument parsing.
+        payload = array.copy(order="K") if type(array) is np.ndarray else np.array(array, copy=True)
         src = me.rank
-        step = max(me.clock, self.send_step[src], self.recv_step[dst]) + 1
+        step = me.clock
+        if self.send_step[src] > step:
+            step = self.send_step[src]
+        if self.recv_step[dst] > step:
+            step = self.recv_step[dst]
+        step += 1
         self.send_step[src] = self.recv_step[dst] = me.clock = step
-        gid, stream = comm.group.gid, comm._stream
-        ch = self.channels[(gid, stream, src, dst, tag)]
+        stream = comm._stream
+        ch = self.channels[(comm.group.gid, stream, src, dst, tag)]
         start = end = None
+        nbytes = payload.nbytes
         if self.ports is not None and not self.rendezvous:
-            start, end = self.ports.transfer(src, dst, payload.nbytes, me.time)
-        ev = Event(step, src, dst, chunk, op, payload.nbytes, me.span_path, tag, payload.shape,
-                   dtype_name(payload.dtype), ch.sent, comm.group.label, stream, start, end)
-        ch.sent += 1
-        self.events.append(ev)
+            start, end = self.ports.transfer(src, dst, nbytes, me.time)
+        seq = ch.sent
+        ev = _new_tuple(Event, (step, src, dst, chunk, op, nbytes, me.span_path, tag, payload.shape,
+                                dtype_name(payload.dtype), seq, comm.group.label, stream, start, end))
+        ch.sent = seq + 1
+        events = self.events
+        events.append(ev)
         if self.payloads is not None:
-            self.payloads[(ev.group, stream, src, dst, tag, ev.seq)] = payload
+            self.payloads[(ev.group, stream, src, dst, tag, seq)] = payload
         req = Request(self, "send", comm, dst, tag, not self.rendezvous, step,
                       me.time if end is None else end)
         req.event = ev
         if end is None and start is not None:     # a flow network says later when it arrives
-            self._launch(req, len(self.events) - 1)
+            self._launch(req, len(events) - 1)
         if ch.receives:
-            self._match(len(self.events) - 1, payload, req, ch.receives.popleft())
+            self._match(len(events) - 1, payload, req, ch.receives.popleft())
         else:
-            ch.messages.append((len(self.events) - 1, payload, req))
+            ch.messages.append((len(events) - 1, payload, req))
         return req
 
     def irecv(self, comm, src, expect, out, tag):
-        self._same_thread()
+        if _get_ident() != self.thread:
+            self._same_thread()
+        return self._irecv(comm, src, expect, out, tag)
+
+    def _irecv(self, comm, src, expect, out, tag):
         me = comm._me
         if self.rendezvous and self.ports is not None:
             self._sync(me)
@@ -437,10 +473,54 @@ class World(WorldProtocol):
         req.out, req.expect = out, expect
         ch = self.channels[(comm.group.gid, comm._stream, src, me.rank, tag)]
         if ch.messages:
-            self._match(*ch.messages.popleft(), req)
+            index, payload, send_req = ch.messages.popleft()
+            self._match(index, payload, send_req, req)
         else:
             ch.receives.append(req)
         return req
+
+    def send(self, comm, array, dst, chunk, op, tag):
+        if _get_ident() != self.thread:
+            self._same_thread()
+        self._complete(self._isend(comm, array, dst, chunk, op, tag))
+
+    def recv(self, comm, src, expect, out, tag):
+        if _get_ident() != self.thread:
+            self._same_thread()
+        if expect is ANY and out is None and self.quick:
+            got = self._take(comm, src, tag)
+            if got is not _MISSING:
+                return got
+        return self._complete(self._irecv(comm, src, expect, out, tag))
+
+    def sendrecv(self, comm, array, dst, src, chunk, op, tag):
+        if _get_ident() != self.thread:
+            self._same_thread()
+        req = self._isend(comm, array, dst, chunk, op, tag)
+        got = self._take(comm, src, tag) if self.quick else _MISSING
+        if got is _MISSING:
+            got = self._complete(self._irecv(comm, src, ANY, None, tag))
+        self._complete(req)
+        return got
+
+    def _take(self, comm, src, tag):
+        """``recv`` of anything, without ``out=``, in buffered mode without payload
+        records, when its message is already waiting and done (not on a flow
+        network's wire) and the caller is the rank running: what ``_irecv``,
+        ``_match`` and ``_complete`` would do then, without a Request. The
+        common case: in a ring, 99 % of receives find their message waiting.
+        ``_MISSING`` otherwise, and nothing done but the channel's lookup."""
+        me = comm._me
+        messages = self.channels[(comm.group.gid, comm._stream, src, me.rank, tag)].messages
+        if messages and self.current is me and messages[0][2].done:
+            index, payload, send_req = messages.popleft()
+            step, end = self.events[index].step, send_req.end
+            if step > me.clock:
+                me.clock = step
+            if end > me.time:
+                me.time = end
+            return payload
+        return _MISSING
 
     def _match(self, index, payload, send_req, recv_req):
         ev = self.events[index]
@@ -478,7 +558,11 @@ class World(WorldProtocol):
             self._wake(recv_req.owner, ev.step, recv_req.end)
 
     def _wait(self, req):
-        self._same_thread()
+        if _get_ident() != self.thread:
+            self._same_thread()
+        return self._complete(req)
+
+    def _complete(self, req):
         me = req.owner
         if self.current is not me:
             who = self.current.rank if self.current else "?"
@@ -486,7 +570,10 @@ class World(WorldProtocol):
                             f"only wait on its own requests")
         if not req.done:
             self._block(me, req)
-        me.clock, me.time = max(me.clock, req.step), max(me.time, req.end)
+        if req.step > me.clock:
+            me.clock = req.step
+        if req.end > me.time:
+            me.time = req.end
         if req.kind == "recv":
             if req.error is not None:
                 err, req.error = req.error, None
