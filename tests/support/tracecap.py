@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 from ringlab.sim import world as W
 
-OUT = os.environ["TRACECAP"]
 runs = collections.OrderedDict()
 state = {"node": None, "k": 0}
 
@@ -60,5 +59,5 @@ def pytest_runtest_call(item):
     yield
 
 def pytest_sessionfinish(session):
-    with open(OUT, "wb") as f:
+    with open(os.environ["TRACECAP"], "wb") as f:
         pickle.dump(dict(runs), f)
