@@ -267,6 +267,12 @@ def z2_left_ring_sum_then_divide(comm, model, opt, x, y, batch_size, loss_fn=mse
                        weight=lambda rows, b: rows, divide=batch_size)
 
 
+def z2_whole_model_adam(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
+                        flops_per_second):
+    """Data parallelism under ZeRO-2's signature: Adam on the whole model, every rank."""
+    z1_whole_model_adam(comm, model, opt, x, y, batch_size, loss_fn)
+
+
 def z2_allreduce(comm, model, opt, x, y, batch_size, loss_fn=mse, *, layout,
                  flops_per_second=None):
     """Each bucket AllReduced (DDP), then my piece cut out of the sum."""

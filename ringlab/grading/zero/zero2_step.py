@@ -49,7 +49,7 @@ from ..kit.driver import callable_learner
 from ..kit.widths import mlp_widths
 from ..kit import sharded as C
 from ..kit.measured import measured_steps
-from .zero1_step import memory, model_state, shard_state
+from ..kit.master_shard import memory, model_state, same_on_every_rank, shard_state
 from ...cost.alpha_beta import AlphaBeta
 from ...nn import Adam, mlp_model
 from ...zero.zero2 import BucketShards
@@ -118,7 +118,8 @@ def _train(comm, steps, spec, learner):
         comm, spec, 8 * sum(v.size for v in model.named_parameters().values()), steps,
         lambda c, x, y, batch: learner(c, model, opt, x, y, batch, layout=layout,
                                        flops_per_second=FLOPS),
-        lambda t: shard_state(opt, master, t, r) or model_state(model, shapes, r))
+        lambda t: (shard_state(opt, master, t, r, "ZeRO-2")
+                   or model_state(model, shapes, r, "ZeRO-2")))
     if bad:
         return bad
     flat = np.concatenate([np.ravel(p) for p in model.named_parameters().values()])
@@ -126,7 +127,6 @@ def _train(comm, steps, spec, learner):
 
 
 def check(program, case, backend="sim"):
-    from .zero1_step import same_on_every_rank
     kw = {"network": AlphaBeta(*NETWORK)} if backend == "sim" else {}
     result, failure = C.trained(_train, program, case, backend, C.explain_padding, **kw)
     return (failure or same_on_every_rank(result, case)

@@ -44,6 +44,8 @@ WRONG = {
          ["rank 1 waits for a message from rank 0, which has finished"]),
     ],
     "zero2_step": [
+        (Z.z2_whole_model_adam, "the state you were handed stays ZeRO-2's",
+         ["stepped 0 time(s) in 1 training step(s)", "Adam on the whole model on every rank"]),
         (Z.z2_allreduce, COLLECTIVES, ["bucket 0's weighted gradients",
                                        "the gradients went round twice, an AllReduce"]),
         (Z.z2_whole_flat_reduce_scatter, "parameters equal data-parallel Adam",
