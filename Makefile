@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: book book-shape book-then-shape shape test unit notebooks lab grade bench clean
+.PHONY: book translations book-shape book-then-shape shape test unit notebooks lab grade bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -25,9 +25,18 @@ $(STAMP): pyproject.toml | $(BIN)/python
 		> $(VENV)/etc/ipython/ipython_kernel_config.py
 	touch $(STAMP)
 
+# The English book, every chapter executed (an empty cache: nothing stale is reused), then
+# the Chinese edition from that same run, in _build/html/zh (book/_ext/editions.py).
 book: $(STAMP)
+	rm -rf _build/.jupyter_cache
 	$(BIN)/jupyter-book build . --builder html -W --keep-going
-	@echo "Open _build/html/index.html in a browser."
+	$(BIN)/python book/_ext/editions.py html
+	@echo "Open _build/html/index.html (中文版: _build/html/zh/index.html) in a browser."
+
+# After changing a chapter's text: refresh its catalog under locales/ and translate what
+# changed (book/_ext/editions.py says how).
+translations: $(STAMP)
+	$(BIN)/python book/_ext/editions.py update
 
 # Most tests wait on processes they start (ranks, kernels, gloo, a browser):
 # three workers keep two cores busy. Tests go to whichever worker is free.
