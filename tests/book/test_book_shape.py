@@ -339,3 +339,36 @@ def test_chapters_are_at_most_twelve_screens(book_window, built_book_pages):
                if "figure text" not in PENDING.get(md, ()) for line in lines]
     assert not failing, (f"figures whose smallest text is under the body's {style.BODY_PX} px "
                          f"on the page:\n" + "\n".join(failing))
+
+
+@needs_built_book
+@pytest.mark.skipif(not (CHROMIUM and DRIVER),
+                    reason="needs Debian's chromium and chromium-driver")
+def test_chinese_pages_have_the_same_shape(book_window):
+    """Each translated chapter's Chinese page (book/_ext/editions.py) is at most 12 screens,
+    is marked as Chinese, links back to its English page, and shows no Markdown that did
+    not render: bold whose closing ** touches Chinese punctuation stays literal in
+    CommonMark, so a translation must put the punctuation outside it."""
+    import importlib.util
+    from support.built_book import rendered_height
+    spec = importlib.util.spec_from_file_location("editions", ROOT / "book/_ext/editions.py")
+    editions = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(editions)
+    translated = [md for md in chapters() if md not in editions.UNTRANSLATED]
+    assert translated, "no chapter is translated yet"
+    heights, literal = {}, {}
+    for md in translated:
+        heights[md] = rendered_height(book_window, Path(BOOK_HTML) / "zh" / f"{md}.html")
+        assert book_window.execute_script("return document.documentElement.lang") == "zh-CN"
+        link = book_window.find_element("css selector", "a.ringlab-edition")
+        assert link.get_attribute("href").endswith(f"/{md}.html") and "/zh/" not in link.get_attribute("href")
+        text = book_window.execute_script(
+            "const a = document.querySelector('article').cloneNode(true);"
+            "a.querySelectorAll('pre, code, .math, mjx-container, script, style, .cell_output')"
+            ".forEach(e => e.remove()); return a.textContent;")
+        literal[md] = re.findall(r".{0,20}\*\*.{0,20}", text)
+    print("\nChinese pages, rendered heights:\n" + "\n".join(
+        f"{md:<32} {h:>7,} px = {h / WINDOW[1]:5.1f} screens" for md, h in heights.items()))
+    assert not any(literal.values()), f"Markdown shown as text: {literal}"
+    too_long = [md for md, h in heights.items() if h > MAX_SCREENS * WINDOW[1]]
+    assert not too_long, f"Chinese pages longer than {MAX_SCREENS} screens: {too_long}"
