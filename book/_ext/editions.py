@@ -59,7 +59,9 @@ def html():
     catalogs are checked against the current English text (see ``coverage``)."""
     failed = _sphinx("html", EDITION, BUILD / ".doctrees-zh", language=LANGUAGE,
                      nb_execution_mode="cache",
-                     nb_execution_cache_path=str(BUILD / ".jupyter_cache"))
+                     nb_execution_cache_path=str(BUILD / ".jupyter_cache"),
+                     # myst-nb's fold buttons ("Show code cell source") are not messages
+                     nb_code_prompt_show="显示代码", nb_code_prompt_hide="隐藏代码")
     if failed or _sphinx("gettext", BUILD / "gettext", BUILD / ".doctrees-gettext",
                          nb_execution_mode="off"):
         return 1
