@@ -12,11 +12,10 @@ editions, and the Chinese build executes nothing.
     python book/_ext/editions.py update   # after a source change: refresh the catalogs
     python book/_ext/editions.py html     # the Chinese edition in _build/html/zh
 
-``make book`` runs ``html`` after the English build. A message whose English text
-changed drops out of its catalog at the next ``update`` (sphinx-intl marks it
-fuzzy), and the page shows the new English until it is translated again;
-``tests/book/test_translations.py`` fails on fuzzy entries and on chapters whose
-catalog falls below 95% translated.
+``make book`` runs ``html`` after the English build, and ``html`` fails when a message
+is fuzzy or a translated page's catalog covers less than 95% of its current English
+text (``check``): a paragraph changed since its translation counts as untranslated, and
+its page shows the new English until it is translated again.
 
 As a Sphinx extension (``_config.yml``, ``local_extensions``) it puts a link to the
 same page in the other edition in every page's header.
@@ -31,6 +30,7 @@ LANGUAGE = "zh_CN"
 LOCALES = ROOT / "locales"
 BUILD = ROOT / "_build"
 EDITION = BUILD / "html" / "zh"          # where the Chinese pages go, beside the English
+POT = BUILD / "gettext"                  # the English messages, one .pot file per page
 
 
 def _sphinx(builder, outdir, doctrees, **config):
@@ -44,14 +44,18 @@ def _sphinx(builder, outdir, doctrees, **config):
                         warningiserror=True, keep_going=True)
 
 
+def _messages():
+    """The English messages of every page, as .pot files in ``_build/gettext`` (nothing is
+    executed: outputs are not messages). Returns the build's exit status."""
+    return _sphinx("gettext", POT, BUILD / ".doctrees-gettext", nb_execution_mode="off")
+
+
 def update():
-    """Extract the English messages (nothing is executed: outputs are not messages)
-    and merge them into the catalogs, one .po file per page."""
-    pot = BUILD / "gettext"
-    if _sphinx("gettext", pot, BUILD / ".doctrees-gettext", nb_execution_mode="off"):
+    """Merge the current English messages into the catalogs, one .po file per page."""
+    if _messages():
         return 1
     return subprocess.call([Path(sys.executable).with_name("sphinx-intl"), "update",
-                            "-p", str(pot), "-l", LANGUAGE, "-d", str(LOCALES)])
+                            "-p", str(POT), "-l", LANGUAGE, "-d", str(LOCALES)])
 
 
 def html():
@@ -62,10 +66,9 @@ def html():
                      nb_execution_cache_path=str(BUILD / ".jupyter_cache"),
                      # myst-nb's fold buttons ("Show code cell source") are not messages
                      nb_code_prompt_show="显示代码", nb_code_prompt_hide="隐藏代码")
-    if failed or _sphinx("gettext", BUILD / "gettext", BUILD / ".doctrees-gettext",
-                         nb_execution_mode="off"):
+    if failed or _messages():
         return 1
-    problems = check(coverage(BUILD / "gettext"))
+    problems = check(coverage(POT))
     print("\n".join(problems) or "the Chinese catalogs are current")
     return 1 if problems else 0
 
@@ -167,7 +170,7 @@ def _switch_link(app, pagename, templatename, context, doctree):
     """The same page in the other edition: the Chinese pages live in ``zh/`` below
     the English ones, at the same paths."""
     up = "../" * pagename.count("/")
-    if (app.config.language or "en").startswith("zh"):
+    if app.config.language == LANGUAGE:
         context.update(edition_link=f"{up}../{pagename}.html", edition_label="English",
                        edition_lang="en")
     else:

@@ -349,11 +349,8 @@ def test_chinese_pages_have_the_same_shape(book_window):
     is marked as Chinese, links back to its English page, and shows no Markdown that did
     not render: bold whose closing ** touches Chinese punctuation stays literal in
     CommonMark, so a translation must put the punctuation outside it."""
-    import importlib.util
     from support.built_book import rendered_height
-    spec = importlib.util.spec_from_file_location("editions", ROOT / "book/_ext/editions.py")
-    editions = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(editions)
+    from support.editions import editions
     translated = [md for md in chapters() if md not in editions.UNTRANSLATED]
     assert translated, "no chapter is translated yet"
     heights, literal = {}, {}

@@ -4,7 +4,6 @@ and URLs, so the two editions cannot disagree on a number, a name or a reference
 and the coverage check counts a paragraph changed since its translation as untranslated.
 ``make book`` runs that check against the current text (``editions.py html``)."""
 
-import importlib.util
 import re
 from collections import Counter
 from pathlib import Path
@@ -14,10 +13,9 @@ import yaml
 from babel.messages.catalog import Catalog
 from babel.messages.pofile import read_po, write_po
 
+from support.editions import editions
+
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("editions", ROOT / "book" / "_ext" / "editions.py")
-editions = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(editions)
 MESSAGES = editions.LOCALES / editions.LANGUAGE / "LC_MESSAGES"
 
 ROLE = re.compile(r"\{([a-z:]+)\}`([^`]*)`")        # {doc}`text <target>`, {numref}`label`

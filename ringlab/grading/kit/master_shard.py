@@ -23,8 +23,8 @@ def shard_state(opt, master, t, r, stage="ZeRO-1"):
     params = getattr(opt, "params", None)
     if not (isinstance(params, dict) and params.get("param") is master):
         return C.report_problem(
-            _state(stage), f"after step {t + 1}, rank {r}'s optimizer no longer updates the master "
-                   f"shard it was given (opt.params['param'] was replaced)",
+            _state(stage), f"after step {t + 1}, rank {r}'s optimizer no longer updates the "
+                           f"master shard it was given (opt.params['param'] was replaced)",
             "Keep opt as it is: it owns your shard of the master weights. Update it with "
             "opt.step(gradient_shard); a bigger array in its place (a view into a full "
             "copy) keeps the whole master on every rank.")
@@ -34,13 +34,13 @@ def shard_state(opt, master, t, r, stage="ZeRO-1"):
         if not (isinstance(a, np.ndarray) and a.shape == master.shape):
             return C.report_problem(
                 _state(stage), f"after step {t + 1}, rank {r}'s Adam {k} has shape "
-                       f"{getattr(a, 'shape', None)}, not the shard's {master.shape}",
+                               f"{getattr(a, 'shape', None)}, not the shard's {master.shape}",
                 "Adam's moments cover your shard only: call opt.step with the gradient "
                 "shard the ReduceScatter gave you.")
     if master.shape != (master.size,) or state.get("step") != t + 1:
         return C.report_problem(
-            _state(stage), f"rank {r}'s optimizer was stepped {state.get('step')} time(s) in "
-                   f"{t + 1} training step(s)",
+            _state(stage), f"rank {r}'s optimizer was stepped {state.get('step')} time(s) "
+                           f"in {t + 1} training step(s)",
             "Call opt.step(gradient_shard) exactly once per step. The optimizer you are "
             "handed holds your shard's master weights and Adam's m and v: Adam on the "
             "whole model on every rank is data parallelism, not ZeRO.")
@@ -55,7 +55,7 @@ def model_state(model, shapes, r, stage="ZeRO-1"):
         if not (type(p) is np.ndarray and p.shape == shape and p.dtype == np.float64):
             return C.report_problem(
                 _state(stage), f"rank {r}'s parameter {k!r} is {type(p).__name__} "
-                       f"{getattr(p, 'shape', '')}, not a float64 array of shape {shape}",
+                               f"{getattr(p, 'shape', '')}, not a float64 array of shape {shape}",
                 "Copy the gathered parameters into the model's arrays in place "
                 "(p[...] = ...), in named_parameters() order.")
     return None

@@ -39,7 +39,6 @@ import numpy as np
 
 from ..kit.report import Failure
 
-from ..kit.running import run_case
 from ..kit.driver import callable_learner
 from ..kit import sharded as C
 from ..kit.master_shard import memory, model_state, same_on_every_rank, shard_state
