@@ -65,7 +65,8 @@ book-shape: book shape
 
 shape:
 	RINGLAB_BOOK_HTML=$(CURDIR)/_build/html $(BIN)/python -m pytest -q -p no:cacheprovider \
-		tests/book/test_book_shape.py tests/show/test_browser.py::test_player_runs_in_the_built_book
+		tests/book/test_book_shape.py tests/show/test_browser.py::test_player_runs_in_the_built_book \
+		tests/book/test_cjk_font.py
 
 # The tests (the notebooks' included, see `notebooks`), while the book builds beside them
 # (it keeps a core busy while the tests wait), followed there by the checks on the built book.
