@@ -3,6 +3,7 @@ PY      ?= python3.11
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+CJK_FONT := /usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc
 
 .PHONY: book translations book-shape book-then-shape shape test unit notebooks lab grade bench clean
 
@@ -12,10 +13,14 @@ $(BIN)/python:
 
 # Reinstall whenever pyproject.toml changes.
 $(STAMP): pyproject.toml | $(BIN)/python
-	@# The browser test (tests/show/test_browser.py) drives Debian's chromium; CI is root on Debian.
-	if ! { command -v chromium && command -v chromedriver; } >/dev/null && [ "$$(id -u)" = 0 ] \
-		&& command -v apt-get >/dev/null; then \
-		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; fi
+	@# The browser test (tests/show/test_browser.py) drives Debian's chromium; the book's and
+	@# the figures' Chinese is drawn in Debian's Noto Sans CJK (CJK_FONT: book/_ext/cjk_font.py,
+	@# ringlab/show/style.py). CI is root on Debian.
+	missing=; { command -v chromium && command -v chromedriver; } >/dev/null \
+		|| missing="chromium chromium-driver"; \
+	[ -f $(CJK_FONT) ] || missing="$$missing fonts-noto-cjk"; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; fi
 	$(BIN)/python -m pip install -e '.[test,book,torch]'
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@# Every kernel here draws figures in the book's style and records their smallest text
@@ -60,7 +65,8 @@ book-shape: book shape
 
 shape:
 	RINGLAB_BOOK_HTML=$(CURDIR)/_build/html $(BIN)/python -m pytest -q -p no:cacheprovider \
-		tests/book/test_book_shape.py tests/show/test_browser.py::test_player_runs_in_the_built_book
+		tests/book/test_book_shape.py tests/show/test_browser.py::test_player_runs_in_the_built_book \
+		tests/book/test_cjk_font.py
 
 # The tests (the notebooks' included, see `notebooks`), while the book builds beside them
 # (it keeps a core busy while the tests wait), followed there by the checks on the built book.

@@ -10,7 +10,11 @@ Makefile) loads this module as an IPython extension, which
 * draws every figure's PNG itself, writing into the file the size of the
   smallest text the figure shows (a PNG text chunk, ``KEY``), so that the shape
   check on the built book can measure each figure's smallest text on screen
-  (its points x dpi / 72 x its shown scale) without running it again.
+  (its points x dpi / 72 x its shown scale) without running it again;
+* draws Chinese words in ``CJK_FAMILY`` from ``CJK_FONT`` (Debian's fonts-noto-cjk,
+  which ``make`` installs; ``use_cjk_font``), the font the built book ships
+  subset to its own characters (book/_ext/cjk_font.py): without it matplotlib
+  draws boxes and warns "Glyph ... missing from font(s) DejaVu Sans".
 
     >>> import matplotlib; matplotlib.use("Agg")
     >>> import matplotlib.pyplot as plt
@@ -25,6 +29,8 @@ Makefile) loads this module as an IPython extension, which
 
 from __future__ import annotations
 
+import os
+
 import matplotlib
 from matplotlib.text import Text
 
@@ -34,6 +40,10 @@ KEY = "ringlab:smallest-text-pt"
 RC = {"font.size": PT, "axes.titlesize": PT, "axes.labelsize": PT, "xtick.labelsize": PT,
       "ytick.labelsize": PT, "legend.fontsize": PT, "legend.title_fontsize": PT,
       "figure.titlesize": PT + 1}
+# Debian's fonts-noto-cjk (the Makefile installs it): a collection whose faces
+# include the Simplified Chinese one, CJK_FAMILY.
+CJK_FONT = "/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc"
+CJK_FAMILY = "Noto Sans CJK SC"
 
 
 def _drawn(text, renderer):
@@ -65,6 +75,22 @@ def png(fig):
     return print_figure(fig, "png", metadata={KEY: "" if pt is None else f"{pt:g}"})
 
 
+def use_cjk_font(rc=None):
+    """Draw CJK characters in ``CJK_FAMILY``: register ``CJK_FONT`` with matplotlib and
+    add the family after the current ones in ``rc`` (``matplotlib.rcParams``), so that
+    Latin text keeps its font and figures without CJK stay the same bytes. Returns the
+    family, or None (and changes nothing) when the font file is not there."""
+    rc = matplotlib.rcParams if rc is None else rc
+    if not os.path.exists(CJK_FONT):
+        return None
+    from matplotlib import font_manager
+    if CJK_FAMILY not in {f.name for f in font_manager.fontManager.ttflist}:
+        font_manager.fontManager.addfont(CJK_FONT)        # every face of the collection
+    if CJK_FAMILY not in rc["font.family"]:
+        rc["font.family"] = [*rc["font.family"], CJK_FAMILY]
+    return CJK_FAMILY
+
+
 def load_ipython_extension(ip):
     """Use the book's style in this kernel and show figures through ``png``."""
     from matplotlib.figure import Figure
@@ -72,4 +98,5 @@ def load_ipython_extension(ip):
     # formatter, once (it does not set it up again): ours then replaces it.
     import matplotlib_inline.backend_inline  # noqa: F401
     matplotlib.rcParams.update(RC)
+    use_cjk_font()
     ip.display_formatter.formatters["image/png"].for_type(Figure, png)
