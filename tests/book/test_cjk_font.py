@@ -128,10 +128,11 @@ def test_a_figure_draws_chinese_without_missing_glyphs():
 
 # -- in the built book -------------------------------------------------------------------
 
-# The glossary (its terms are bilingual) and two chapters: from the Chinese edition when
-# it was built (book/_ext/editions.py), else their English pages ("Interview questions /
-# 面试题"). Three pages: each takes about a second to load.
-GLOSSARY, CHAPTERS = "book/glossary", ["book/data_parallel/model", "book/data_parallel/sync_sgd"]
+# The glossary (its terms are bilingual) and two chapters with players: from the Chinese
+# edition when it was built (book/_ext/editions.py), else their English pages ("Interview
+# questions / 面试题"). Three pages: each takes about a second to load.
+GLOSSARY, CHAPTERS = "book/glossary", ["book/collectives/ring_allreduce", "book/data_parallel/sync_sgd"]
+THEME_RESET = "Got invalid theme mode: . Resetting to auto."     # the theme's, on file:// pages
 
 # Marks the parent of every shown text node that brings a CJK character not yet seen in
 # its font context (family list, weight, style, language): the same character in the same
@@ -168,6 +169,7 @@ def marked_text_nodes(node, marked=False):
 def fonts_of_cjk_text(driver, page):
     """For each text node of ``page`` that MARK picked: (its text, its CJK characters,
     glyphs the book's web font drew, every font that drew part of it)."""
+    driver.get_log("browser")                  # what earlier pages left in the log
     driver.get(page.as_uri())
     driver.set_script_timeout(20)
     assert driver.execute_async_script(            # the web font loaded (or failed)
@@ -200,7 +202,7 @@ def test_built_book_draws_chinese_in_its_font(book_window):
     font or as a missing glyph."""
     html = Path(BOOK_HTML)
     edition = html / "zh" if (html / "zh" / "index.html").exists() else html
-    pages = [html / f"{GLOSSARY}.html", *(edition / f"{md}.html" for md in CHAPTERS)]
+    pages = [edition / f"{md}.html" for md in (GLOSSARY, *CHAPTERS)]
     start, wrong, shown = time.monotonic(), [], {}
     for page in pages:
         found = fonts_of_cjk_text(book_window, page)
@@ -208,6 +210,28 @@ def test_built_book_draws_chinese_in_its_font(book_window):
         wrong += [f"{page.relative_to(html)}: {text!r}: {ours} of {len(chars)} CJK characters "
                   f"in {style.CJK_FAMILY}: {fonts}"
                   for text, chars, ours, fonts in found if ours != len(chars)]
+        if page.stem != "glossary":
+            wrong += players_that_do_not_work(book_window, page.relative_to(html))
     print(f"\ndistinct CJK characters shown, checked in {time.monotonic() - start:.1f} s: {shown}")
-    assert not wrong, "CJK text not drawn by the book's web font:\n" + "\n".join(wrong[:20])
+    assert not wrong, "CJK text not drawn by the book's web font, or a player broken:\n" + "\n".join(wrong[:20])
     assert all(n >= 3 for n in shown.values()), f"pages with (almost) no Chinese shown: {shown}"
+
+
+def players_that_do_not_work(driver, name):
+    """What is wrong with the players of the page ``driver`` shows (``name``): each one
+    mounted (``data-ready``), the first one steps forward, and nothing on the page
+    logged an error."""
+    ready, total = driver.execute_script(
+        "return [document.querySelectorAll('.ringlab-player[data-ready]').length,"
+        " document.querySelectorAll('.ringlab-player').length]")
+    if not total or ready != total:
+        return [f"{name}: {ready} of {total} players mounted"]
+    player = driver.find_element("css selector", ".ringlab-player[data-ready]")
+    before = player.find_element("css selector", ".rlp-stepno").text
+    driver.execute_script("arguments[0].click()",
+                          player.find_element("css selector", "button.rlp-forward"))
+    after = player.find_element("css selector", ".rlp-stepno").text
+    errors = [e["message"] for e in driver.get_log("browser")
+              if e["level"] == "SEVERE" and THEME_RESET not in e["message"]]
+    return ([f"{name}: the player's step stays {before!r} after a step forward"] * (before == after)
+            + [f"{name}: JavaScript error {m}" for m in errors])
