@@ -43,6 +43,9 @@ RC = {"font.size": PT, "axes.titlesize": PT, "axes.labelsize": PT, "xtick.labels
 # Debian's fonts-noto-cjk (the Makefile installs it): a collection whose faces
 # include the Simplified Chinese one, CJK_FAMILY.
 CJK_FONT = "/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc"
+# Its bold faces, same package: without them every bold label (a title, a legend's
+# heading) makes matplotlib log "Failed to find font weight bold" into the cell.
+CJK_FONT_BOLD = "/usr/share/fonts/opentype/noto/NotoSansCJK-Bold.ttc"
 CJK_FAMILY = "Noto Sans CJK SC"
 
 
@@ -84,8 +87,11 @@ def use_cjk_font(rc=None):
     if not os.path.exists(CJK_FONT):
         return None
     from matplotlib import font_manager
-    if CJK_FAMILY not in {f.name for f in font_manager.fontManager.ttflist}:
+    registered = {(f.name, f.weight) for f in font_manager.fontManager.ttflist}
+    if (CJK_FAMILY, 400) not in registered:
         font_manager.fontManager.addfont(CJK_FONT)        # every face of the collection
+    if (CJK_FAMILY, 700) not in registered and os.path.exists(CJK_FONT_BOLD):
+        font_manager.fontManager.addfont(CJK_FONT_BOLD)
     if CJK_FAMILY not in rc["font.family"]:
         rc["font.family"] = [*rc["font.family"], CJK_FAMILY]
     return CJK_FAMILY

@@ -241,6 +241,20 @@ def test_no_output_line_wider_than_the_page():
 
 
 @needs_built_book
+def test_no_cell_writes_to_stderr():
+    """A reader never meets a log line or warning under a cell (a font matplotlib could
+    not find, a deprecation): every chapter's outputs are what its code shows."""
+    leaked = {}
+    for md in chapters() + ["book/intro", "book/glossary"]:
+        page = (Path(BOOK_HTML) / f"{md}.html").read_text(encoding="utf-8")
+        found = re.findall(r'class="output stderr[^"]*"><div class="highlight"><pre><span></span>([^<]{0,80})',
+                           page)
+        if found or 'class="output stderr' in page:
+            leaked[md] = found or ["(an stderr output)"]
+    assert not leaked, f"chapters with output on stderr: {leaked}"
+
+
+@needs_built_book
 def test_notebooks_download_and_no_borrowed_repository_link():
     """Every chapter's graded notebook downloads from the built book (Sphinx copies
     it into _downloads/), and no page links to jupyter-book's own repository, the

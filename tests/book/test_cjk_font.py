@@ -110,6 +110,25 @@ def test_a_build_links_and_writes_the_font_only_when_it_exists(tmp_path, monkeyp
 
 
 @needs_font
+def test_bold_text_finds_a_bold_face_and_logs_nothing(caplog):
+    """A bold label looks for a bold face in every family of the list: without the
+    collection's bold faces matplotlib logs "findfont: Failed to find font weight bold
+    for Noto Sans CJK SC", and a chapter's cell shows it under its figure."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    with matplotlib.rc_context(style.RC):
+        style.use_cjk_font()
+        fig, ax = plt.subplots(figsize=(3, 2))
+        ax.set_title("bold title", fontweight="bold")
+        ax.set_xlabel("粗体 label", fontweight="bold")
+        with caplog.at_level("INFO", logger="matplotlib.font_manager"):
+            style.png(fig)
+        plt.close(fig)
+    assert [r.getMessage() for r in caplog.records if "findfont" in r.getMessage()] == []
+
+
+@needs_font
 def test_a_figure_draws_chinese_without_missing_glyphs():
     import matplotlib
     matplotlib.use("Agg")
