@@ -52,7 +52,7 @@ def _grade_here(args, path):
     from .grading.trusted import grade_notebook
     try:
         return grade_notebook(path, timeout=args.timeout, memory_mb=args.memory_mb, seed=args.seed,
-                              override=_override(args), executed=_executed(args, path))
+                              override=_override(args), executed=_executed(args, path), lang=args.lang)
     except Exception as e:  # noqa: BLE001 - one notebook never stops the class run
         return [{"notebook": str(path), "exercise": "", "result": "error",
                  "reason": f"the grader failed: {type(e).__name__}: {e}"}]
@@ -67,6 +67,7 @@ def _grade_apart(args, path):
                "--timeout", str(args.timeout), "--memory-mb", str(args.memory_mb)]
         cmd += ["--seed", str(args.seed)] if args.seed is not None else []
         cmd += ["--executed", args.executed] if args.executed else []   # same cwd: same place
+        cmd += ["--lang", args.lang] if args.lang else []
         cmd += [a for e in args.exercise or [] for a in ("--exercise", e)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         try:
@@ -161,6 +162,9 @@ def main(argv=None):
     g.add_argument("--executed", metavar="DIR",
                    help="also write each notebook as it ran, with its outputs, under DIR "
                         "(at its own path: DIR/submissions/alice/hw.ipynb)")
+    g.add_argument("--lang", choices=("en", "zh"),
+                   help="the reports' language (default: $RINGLAB_LANG, else en); "
+                        "the CSV's reason and check columns stay English")
     g.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
     g.set_defaults(func=_grade)
     m = sub.add_parser("make-exercises", help="regenerate exercises/ from solutions/")

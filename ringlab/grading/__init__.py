@@ -19,6 +19,7 @@ import pkgutil
 
 from . import kit
 from .kit.report import Failure, Report
+from .kit.language import language
 from .kit.loop import grade_cases
 
 
@@ -40,19 +41,22 @@ def _graders():
 GRADERS = _graders()
 
 
-def grade(exercise_id, program, *, seed=None, backend="sim", log=True):
+def grade(exercise_id, program, *, seed=None, backend="sim", log=True, lang=None):
     """Grade ``program`` for ``exercise_id``; returns a ``Report``.
 
     ``seed`` fixes the random data (every report names the seed it used, so a
     failure can be reproduced). ``backend="torch"`` runs on real processes.
     ``log=False``: a report that only shows something (a buggy program's, in
     an exercise notebook), not the notebook's grade: ``ringlab grade NOTEBOOK``
-    does not count it.
+    does not count it. ``lang="zh"``: the report in Chinese (default: the
+    environment's ``RINGLAB_LANG``, else English; ``kit/language.py``).
     """
+    lang = language(lang)
     if exercise_id not in GRADERS:
         raise ValueError(f"unknown exercise {exercise_id!r}; known: {', '.join(sorted(GRADERS))}")
     module = importlib.import_module(f".{GRADERS[exercise_id]}", __name__)
     report = grade_cases(exercise_id, module, program, seed=seed, backend=backend)
+    report.lang = lang
     path = os.environ.get("RINGLAB_GRADE_LOG")
     if log and path:   # `ringlab grade NOTEBOOK` collects the reports of a notebook run this way
         with open(path, "a") as f:

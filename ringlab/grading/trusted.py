@@ -159,14 +159,16 @@ def _kernel_manager(tmp, memory_mb):
     return Limited(kernel_name="python3", transport="ipc", ip=str(Path(tmp) / "kernel"))
 
 
-def run_notebook(nb, path, exercises, folder, *, timeout, memory_mb):
+def run_notebook(nb, path, exercises, folder, *, timeout, memory_mb, lang="en"):
     """Execute the notebook, then the export cell. Returns (problem or None,
-    cell errors). Only the files the export cell writes are used afterwards."""
+    cell errors). Only the files the export cell writes are used afterwards.
+    ``lang``: the language of the reports its grading cells show."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from nbformat.v4 import new_code_cell
 
     env = {k: v for k, v in os.environ.items() if k != "RINGLAB_GRADE_LOG"}
+    env["RINGLAB_LANG"] = lang
     # The kernel imports the same ringlab as the grader: the folder that holds it.
     root = str(Path(__file__).resolve().parents[len(__package__.split("."))])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -210,14 +212,18 @@ def prepare():
 
 
 def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, seed=None, override=None,
-                   executed=None):
+                   executed=None, lang=None):
     """Grade one notebook; returns its rows (dicts with ``FIELDS``), one per exercise.
 
     ``executed``: a file to write the notebook to as it ran here, with its outputs
-    (what the learner saw; the grade never reads them)."""
+    (what the learner saw; the grade never reads them). ``lang``: the language of
+    each row's ``text`` and of the reports in the notebook (``kit/language.py``);
+    ``reason`` and ``failed_check`` stay English, for an instructor's tables."""
     import nbformat
+    from .kit.language import language
     from .kit.loop import grade_cases
 
+    lang = language(lang)
     prepare()
     start = time.monotonic()
     rows = []
@@ -241,7 +247,8 @@ def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, s
         return rows
 
     with tempfile.TemporaryDirectory(prefix="ringlab-grade-") as folder:
-        problem, errors = run_notebook(nb, path, exercises, folder, timeout=timeout, memory_mb=kernel_memory_mb)
+        problem, errors = run_notebook(nb, path, exercises, folder, timeout=timeout, memory_mb=kernel_memory_mb,
+                                       lang=lang)
         if executed:
             Path(executed).parent.mkdir(parents=True, exist_ok=True)
             nbformat.write(nb, executed)
@@ -261,6 +268,7 @@ def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, s
             else:
                 report = grade_cases(exercise, grader_module(exercise), Submission(data, name), seed=seed,
                                      runner=runner(memory_mb, banned_answers(exercise)))
+                report.lang = lang
                 f = report.failure
                 result = "passed" if report.passed else "not implemented" if report.not_implemented else "failed"
                 row(exercise, result, "" if f is None else f"{f.case}: {f.what}".split("\n")[0][:300],

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .language import FRAME, say
+
 
 @dataclass
 class Case:
@@ -42,7 +44,8 @@ class NotImplementedYet(Exception):
 
 @dataclass
 class Report:
-    """A grade: ``passed``, and a readable ``str()`` (HTML in a notebook)."""
+    """A grade: ``passed``, and a readable ``str()`` (HTML in a notebook), in the
+    language ``lang`` ("en" or "zh")."""
 
     exercise: str
     passed: bool
@@ -53,37 +56,46 @@ class Report:
     failure: Failure | None = None
     not_implemented: bool = False
     backend: str = "sim"
+    lang: str = "en"
 
     def __bool__(self):
         return self.passed
 
     def __str__(self):
-        head = f"{self.exercise} results:"
+        return self.text(self.lang)
+
+    def text(self, lang="en"):
+        """The report in ``lang`` ("en" or "zh": language.py)."""
+        words = FRAME[lang]
+        head = words["head"].format(exercise=self.exercise)
         if self.not_implemented:
-            return (f"{head} not implemented yet. Fill in the program (replace the "
-                    f"`raise NotImplementedError`) and run the grading cell again.")
+            return head + words["not_implemented"]
         if self.passed:
             sizes = f"{min(self.world_sizes)}-{max(self.world_sizes)}" if self.world_sizes else "-"
-            return f"{head} All test cases passed! ({self.cases_total} cases, world sizes {sizes})"
+            return head + words["passed"].format(total=self.cases_total, sizes=sizes)
         f = self.failure
-        lines = [f"{head} FAILED ({self.cases_passed} of {self.cases_total} cases passed before this one)",
-                 "", f"Case:     {f.case}", f"Check:    {f.check}", f"What:     {_indent(f.what)}"]
+        case, check, what, expected, got, hint, reproduce = words["labels"]
+        lines = [head + words["failed"].format(passed=self.cases_passed, total=self.cases_total),
+                 "", case + say(f.case, lang), check + say(f.check, lang),
+                 what + _indent(say(f.what, lang))]
         if f.expected is not None:
-            lines.append(f"Expected: {_indent(f.expected)}")
+            lines.append(expected + _indent(say(f.expected, lang)))
         if f.got is not None:
-            lines.append(f"Got:      {_indent(f.got)}")
+            lines.append(got + _indent(say(f.got, lang)))
         if f.hint:
-            lines.append(f"Hint:     {_indent(f.hint)}")
+            lines.append(hint + _indent(say(f.hint, lang)))
         # The backend too: a failure on real processes may not happen in the simulator.
         backend = "" if self.backend == "sim" else f", backend={self.backend!r}"
-        lines += ["", f'Reproduce: ringlab.grade("{self.exercise}", program, seed={self.seed}{backend})']
+        backend += "" if lang == "en" else f', lang="{lang}"'
+        lines += ["", f'{reproduce}ringlab.grade("{self.exercise}", program, seed={self.seed}{backend})']
         return "\n".join(lines)
 
     __repr__ = __str__
 
     def _repr_html_(self):
         colour = "#1a7f37" if self.passed else ("#9a6700" if self.not_implemented else "#cf222e")
-        return (f'<pre class="ringlab-report" style="border-left:4px solid {colour};'
+        lang = "" if self.lang == "en" else ' lang="zh-CN"'
+        return (f'<pre class="ringlab-report"{lang} style="border-left:4px solid {colour};'
                 f'padding-left:8px;white-space:pre-wrap">{html.escape(str(self))}</pre>')
 
 

@@ -1,0 +1,118 @@
+"""Reports in the learner's language: ``ringlab.grade(..., lang="zh")``, or the
+environment variable ``RINGLAB_LANG=zh`` for every grade (``ringlab grade --lang zh``
+sets it for the notebooks it runs).
+
+Graders write English. ``say`` puts one of their texts into Chinese with the catalog
+``zh_CN.json`` beside this file: an English template and its Chinese, where ``{}``
+stands for what varies (a rank, a number, a name) and ``{0}``, ``{1}`` reorder it. What
+fills a ``{}`` is put into Chinese too when the catalog has it, so that texts built
+from texts read whole. A text no template matches stays English: a report is never
+wrong for want of a translation.
+
+    >>> say("every message sent is received", "zh")
+    '每条发出的消息都被接收'
+    >>> say("rank 3 returned None", "zh")
+    'rank 3 返回了 None'
+    >>> say("rank 3 returned None", "en")
+    'rank 3 returned None'
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import string
+from pathlib import Path
+
+LANGUAGES = ("en", "zh")
+CATALOG = Path(__file__).with_name("zh_CN.json")
+
+# The report's own words (report.py), by language.
+FRAME = {
+    "en": {"head": "{exercise} results: ",
+           "not_implemented": "not implemented yet. Fill in the program (replace the "
+                              "`raise NotImplementedError`) and run the grading cell again.",
+           "passed": "All test cases passed! ({total} cases, world sizes {sizes})",
+           "failed": "FAILED ({passed} of {total} cases passed before this one)",
+           "labels": ("Case:     ", "Check:    ", "What:     ", "Expected: ", "Got:      ",
+                      "Hint:     ", "Reproduce: ")},
+    "zh": {"head": "{exercise} 评分结果：",
+           "not_implemented": "尚未实现（not implemented yet）。请把程序填写完整（替换 "
+                              "`raise NotImplementedError`），再运行评分单元格。",
+           "passed": "全部测试用例通过！（{total} 个用例，进程数 {sizes}）",
+           "failed": "未通过（在此之前 {total} 个用例中通过了 {passed} 个）",
+           # CJK characters are two columns wide: each label is ten columns, as in English.
+           "labels": ("用例：    ", "检查：    ", "问题：    ", "期望：    ", "实际：    ",
+                      "提示：    ", "复现："),
+           },
+}
+
+
+def language(lang=None):
+    """``lang``, else ``$RINGLAB_LANG``, else English; "zh_CN", "zh-CN" mean "zh"."""
+    lang = (lang or os.environ.get("RINGLAB_LANG") or "en").lower().replace("-", "_")
+    lang = "zh" if lang.startswith("zh") else lang.split("_")[0]
+    if lang not in LANGUAGES:
+        raise ValueError(f"lang must be one of {', '.join(LANGUAGES)}, not {lang!r}")
+    return lang
+
+
+# Where a text made of several sentences (a hint and the hint every error adds) may be
+# cut: after a full stop, colon or question mark and before a capital letter.
+SENTENCE_END = re.compile(r"(?<=[.?])\s+(?=[A-Z(])")
+
+
+def say(text, lang, depth=2):
+    """``text`` in ``lang``: its whole text by a template, else line by line, else
+    sentence by sentence (the longest run of sentences one template matches first)."""
+    if lang == "en" or not text:
+        return text
+    whole = _by_template(text, depth)
+    if whole is not None:
+        return whole
+    if "\n" in text:
+        return "\n".join(say(line, lang, depth) for line in text.split("\n"))
+    sentences = SENTENCE_END.split(text)
+    if len(sentences) == 1:
+        return text
+    said, start = [], 0
+    while start < len(sentences):
+        for end in range(len(sentences), start, -1):
+            run = " ".join(sentences[start:end])
+            found = _by_template(run, depth)
+            if found is not None or end == start + 1:
+                said.append((found, run))
+                start = end
+                break
+    # Chinese sentences follow each other without a space; English ones keep theirs.
+    out = said[0][0] if said[0][0] is not None else said[0][1]
+    for (before, _), (zh, en) in zip(said, said[1:]):
+        out += zh if zh is not None and before is not None else " " + (zh if zh is not None else en)
+    return out
+
+
+def _by_template(text, depth):
+    for pattern, chinese in _templates():
+        found = pattern.fullmatch(text)
+        if found:
+            filled = [say(v, "zh", depth - 1) if depth > 0 else v for v in found.groups()]
+            return chinese.format(*filled)
+    return None
+
+
+@functools.cache
+def _templates():
+    """[(regex of an English template, its Chinese)], the most specific first: the
+    template with the most fixed text wins where two match."""
+    table = json.loads(CATALOG.read_text(encoding="utf-8"))
+    compiled = []
+    for english, chinese in table.items():
+        parts = list(string.Formatter().parse(english))
+        fixed = "".join(literal for literal, *_ in parts)
+        regex = "".join(re.escape(literal) + ("(.+?)" if field is not None else "")
+                        for literal, field, *_ in parts)
+        compiled.append((len(fixed), re.compile(regex, re.DOTALL), chinese))
+    compiled.sort(key=lambda t: -t[0])
+    return [(pattern, chinese) for _, pattern, chinese in compiled]

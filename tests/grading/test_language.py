@@ -1,0 +1,128 @@
+"""Reports in Chinese (issue 27): ``ringlab.grade(..., lang="zh")``, ``RINGLAB_LANG``,
+``ringlab grade --lang zh``; the catalog ringlab/grading/kit/zh_CN.json against the
+graders' source (tests/support/report_texts.py)."""
+
+import json
+import re
+import string
+
+import pytest
+
+import ringlab
+from ringlab.collectives import ring_allreduce
+from ringlab.grading.kit import language
+from ringlab.grading.kit.language import say
+from ringlab.grading.kit.report import Failure, Report
+from support.report_texts import texts
+
+CATALOG = json.loads(language.CATALOG.read_text(encoding="utf-8"))
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def fields(template):
+    return [f for _, f, *_ in string.Formatter().parse(template) if f is not None]
+
+
+def test_every_text_the_graders_write_has_its_chinese():
+    """A grader text added without a translation fails here, with the lines to add."""
+    missing = {t: where for t, where in texts().items() if t not in CATALOG}
+    assert not missing, ("report texts with no Chinese in zh_CN.json:\n"
+                         + "\n".join(f"  {where}: {json.dumps(t)}" for t, where in missing.items()))
+    assert len(texts()) > 300                    # the extraction finds the graders' texts
+
+
+@pytest.mark.parametrize("english", sorted(CATALOG))
+def test_each_chinese_template_keeps_what_varies(english):
+    """The Chinese has the English's fields (``{}`` in order, or ``{0}``, ``{1}`` to
+    reorder; a plural ending like ``node{}`` may go), some Chinese (or only Chinese
+    commas and colons, in a text of names and numbers), and the English's code: names with an
+    underscore or a dot stay as they are."""
+    chinese, n = CATALOG[english], len(fields(english))
+    chinese.format(*range(n))                   # no field the English lacks
+    used = fields(chinese)
+    if any(used):
+        numbers = {int(f) for f in used}
+        plural = {i for i, part in enumerate(english.split("{}")[:-1]) if part[-1:].isalpha()}
+        assert numbers >= set(range(n)) - plural, chinese
+    else:
+        assert len(used) == n, chinese
+    assert CJK.search(chinese) or chinese.replace("，", ", ").replace("：", ": ") == english, chinese
+    code = [w for w in re.findall(r"\b\w+(?:\.\w+)*\b", english)
+            if "_" in w or re.search(r"[a-z]{2}\.[a-z]{2}", w)]
+    assert all(c in chinese for c in code), [c for c in code if c not in chinese]
+
+
+def test_a_text_is_put_into_chinese_whole_with_what_fills_it():
+    assert say("every message sent is received", "zh") == "每条发出的消息都被接收"
+    # reordered fields, and a field that is itself a catalog text ("4 steps")
+    text = "the broadcast took 4 steps: rank 3 received the data only at step 4"
+    assert say(text, "zh") == "这次广播用了 4 步：rank 3 直到第 4 步才收到数据"
+    assert say("rank 2 has wrong values at 3 of 12 elements", "zh") == "rank 2 的 12 个元素中有 3 个值不对"
+    # line by line where the whole is no template; English where nothing matches
+    assert say("no deadlock\nsomething new", "zh") == "没有死锁\nsomething new"
+    assert say("something new", "zh") == "something new"
+    assert say("every message sent is received", "en") == "every message sent is received"
+
+
+def test_the_report_frame_in_both_languages():
+    failed = Report("ring_allreduce", False, seed=7, cases_passed=2, cases_total=18,
+                    failure=Failure("world_size=4, length=12", "no deadlock", "rank 0 waits",
+                                    expected="1 sent and 1 received, at every step, on every rank",
+                                    hint="Something only English."), lang="zh")
+    assert str(failed).splitlines() == [
+        "ring_allreduce 评分结果：未通过（在此之前 18 个用例中通过了 2 个）", "",
+        "用例：    world_size=4，length=12", "检查：    没有死锁", "问题：    rank 0 waits",
+        "期望：    每一步、每个 rank 上发送 1 条、接收 1 条", "提示：    Something only English.", "",
+        '复现：ringlab.grade("ring_allreduce", program, seed=7, lang="zh")']
+    assert failed.text("en").splitlines()[:4] == [
+        "ring_allreduce results: FAILED (2 of 18 cases passed before this one)", "",
+        "Case:     world_size=4, length=12", "Check:    no deadlock"]
+    assert 'lang="zh-CN"' in failed._repr_html_()
+    done = Report("ring_allreduce", True, seed=1, cases_total=18, world_sizes=(1, 8), lang="zh")
+    assert str(done) == "ring_allreduce 评分结果：全部测试用例通过！（18 个用例，进程数 1-8）"
+    todo = Report("ring_allreduce", False, seed=1, not_implemented=True, lang="zh")
+    assert str(todo).startswith("ring_allreduce 评分结果：尚未实现（not implemented yet）")
+
+
+def test_grade_takes_the_language_from_its_argument_or_the_environment(monkeypatch):
+    assert "全部测试用例通过" in str(ringlab.grade("ring_allreduce", ring_allreduce, seed=1, lang="zh"))
+    monkeypatch.setenv("RINGLAB_LANG", "zh_CN")
+    assert "全部测试用例通过" in str(ringlab.grade("ring_allreduce", ring_allreduce, seed=1))
+    assert "All test cases passed" in str(ringlab.grade("ring_allreduce", ring_allreduce, seed=1,
+                                                        lang="en"))
+    with pytest.raises(ValueError, match="lang must be one of en, zh, not 'fr'"):
+        ringlab.grade("ring_allreduce", ring_allreduce, seed=1, lang="fr")
+
+
+def test_a_wrong_program_in_chinese_keeps_every_number():
+    def forgets_the_allgather(comm, x):
+        return x
+    report = ringlab.grade("ring_allreduce", forgets_the_allgather, seed=3, lang="zh")
+    english, chinese = report.text("en"), str(report)
+    assert "检查：" in chinese and CJK.search(chinese.split("检查：")[1].splitlines()[0])
+    assert sorted(re.findall(r"\d+", english)) == sorted(re.findall(r"\d+", chinese))
+
+
+def test_ringlab_grade_lang_zh_on_a_renamed_notebook(tmp_path, monkeypatch, capsys):
+    """``ringlab grade --lang zh``: the printed report and the grading cells of the
+    notebook as it ran are Chinese; the rows (an instructor's table) stay as they were."""
+    import shutil
+    from pathlib import Path
+
+    import nbformat
+
+    from ringlab import cli
+    root = Path(__file__).resolve().parents[2]
+    shutil.copy(root / "exercises" / "collectives" / "01_ring_allreduce.ipynb",
+                tmp_path / "homework.ipynb")
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["grade", "homework.ipynb", "--lang", "zh", "--json", "rows.json",
+                     "--executed", "ran"])
+    printed = capsys.readouterr().out
+    assert code == 1 and "ring_allreduce 评分结果：尚未实现" in printed
+    (row,) = json.loads((tmp_path / "rows.json").read_text())
+    assert row["result"] == "not implemented" and row["reason"] == ""
+    ran = nbformat.read(tmp_path / "ran" / "homework.ipynb", as_version=4)
+    shown = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+                    for c in ran.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "评分结果：尚未实现" in shown and "results: not implemented" not in shown
