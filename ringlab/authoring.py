@@ -6,8 +6,16 @@ is the answer. The exercise gets, in its place, at the same indentation::
     raise NotImplementedError("...")   # your code here
 
 Outputs are stripped from both. ``ringlab make-exercises`` writes
-``exercises/<part>/X.ipynb`` for every ``solutions/<part>/X.ipynb``; ``--check`` only
+``exercises/<part>/X.ipynb`` for every ``solutions/<part>/X.ipynb`` (and its Chinese
+twin and catalog, below); ``--check`` only
 reports notebooks that would change (the test suite runs it).
+
+Each exercise has a Chinese twin, ``exercises/<part>/zh/X.ipynb``: the same cells, its
+statements (the markdown cells) from the catalog
+``locales/zh_CN/LC_MESSAGES/exercises/<part>/X.po`` (one message per cell, which
+``make-exercises`` keeps in step with the English: a changed cell turns fuzzy, and
+reads English until its Chinese is brought up to date), and a first cell that asks
+for reports in Chinese.
 
 Every solution notebook says which exercises it holds, in its metadata:
 ``{"ringlab": {"exercises": {exercise id: function name}}}``. The exercise
@@ -81,6 +89,46 @@ def _text(nb):
     return nbformat.writes(nb) + "\n"
 
 
+# The Chinese twin's first cell: ringlab.grade writes its reports in Chinese.
+CHINESE_SETUP = 'import os\n\nos.environ["RINGLAB_LANG"] = "zh"   # 评分报告使用中文'
+
+
+def chinese_exercise(ex, translations):
+    """The Chinese twin of the exercise notebook ``ex`` (a new object): each markdown
+    cell replaced by its Chinese from ``translations`` ({English cell: Chinese}; a
+    cell without one stays English), ``CHINESE_SETUP`` first, ``"lang": "zh"`` in its
+    ``ringlab`` metadata. Code cells stay as they are."""
+    zh = nbformat.from_dict(ex)
+    zh.metadata["ringlab"] = {**ex.metadata["ringlab"], "lang": "zh"}
+    for cell in zh.cells:
+        if cell.cell_type == "markdown" and translations.get(cell.source):
+            cell.source = translations[cell.source]
+    zh.cells.insert(0, nbformat.v4.new_code_cell(CHINESE_SETUP))
+    zh.cells[0].id = "zh-setup"             # a fixed id: the same text at every run
+    return zh
+
+
+def _catalog_text(ex, old):
+    """The catalog of the exercise ``ex``'s markdown cells, as .po text: the
+    translations of ``old`` (a catalog's text, or None) carried over, a changed cell's
+    marked fuzzy (babel's merge), no header (so that the text changes only with the
+    cells). Returns (text, {English cell: Chinese} of the current, not fuzzy, ones)."""
+    from io import BytesIO
+
+    from babel.messages.catalog import Catalog
+    from babel.messages.pofile import read_po, write_po
+    template = Catalog(locale="zh_CN")
+    for cell in ex.cells:
+        if cell.cell_type == "markdown" and cell.source.strip():
+            template.add(cell.source)
+    catalog = read_po(BytesIO(old.encode())) if old else Catalog(locale="zh_CN")
+    catalog.update(template)
+    out = BytesIO()
+    write_po(out, catalog, width=76, omit_header=True, ignore_obsolete=False)
+    done = {m.id: m.string for m in catalog if m.id and m.string and not m.fuzzy}
+    return out.getvalue().decode(), done
+
+
 def make_exercises(root=".", check=False):
     """Write (or with ``check``, compare) every exercise notebook. Returns the
     paths that were (or would be) changed. ValueError, and nothing written, if a
@@ -91,11 +139,16 @@ def make_exercises(root=".", check=False):
         if ".ipynb_checkpoints" in sol.parts:
             continue
         ex = exercise_from_solution(nbformat.read(sol, as_version=4), str(sol))
-        texts[root / "exercises" / sol.relative_to(root / "solutions")] = _text(ex)
+        where = sol.relative_to(root / "solutions")
+        texts[root / "exercises" / where] = _text(ex)
+        po = root / "locales" / "zh_CN" / "LC_MESSAGES" / "exercises" / where.with_suffix(".po")
+        texts[po], chinese = _catalog_text(ex, po.read_text("utf-8") if po.exists() else None)
+        texts[root / "exercises" / where.parent / "zh" / where.name] = _text(
+            chinese_exercise(ex, chinese))
     changed = [target for target, text in texts.items()
-               if not target.exists() or target.read_text() != text]
+               if not target.exists() or target.read_text("utf-8") != text]
     if not check:
         for target in changed:
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(texts[target])
+            target.write_text(texts[target], "utf-8")
     return changed

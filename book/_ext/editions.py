@@ -147,9 +147,25 @@ def _switch_link(app, pagename, templatename, context, doctree):
                        edition_lang="zh-CN")
 
 
+def _chinese_notebooks(app, doctree):
+    """In the Chinese edition a chapter's exercise download is the notebook's Chinese
+    twin, exercises/<part>/zh/X.ipynb (ringlab/authoring.py). Runs before Sphinx
+    collects the downloads (its collector's priority is 500)."""
+    if app.config.language != LANGUAGE:
+        return
+    from sphinx import addnodes
+    for node in doctree.findall(addnodes.download_reference):
+        target = Path(node["reftarget"])
+        if "exercises" in target.parts and target.suffix == ".ipynb" and target.parent.name != "zh":
+            twin = target.parent / "zh" / target.name
+            if Path(app.env.relfn2path(str(twin), app.env.docname)[1]).exists():
+                node["reftarget"] = twin.as_posix()
+
+
 def setup(app):
     app.connect("config-inited", _add_switch)
     app.connect("html-page-context", _switch_link)
+    app.connect("doctree-read", _chinese_notebooks, priority=400)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
 
 

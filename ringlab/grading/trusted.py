@@ -217,13 +217,13 @@ def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, s
 
     ``executed``: a file to write the notebook to as it ran here, with its outputs
     (what the learner saw; the grade never reads them). ``lang``: the language of
-    each row's ``text`` and of the reports in the notebook (``kit/language.py``);
+    each row's ``text`` and of the reports in the notebook (``kit/language.py``;
+    default: the notebook's ``ringlab`` metadata ``lang``, else ``$RINGLAB_LANG``);
     ``reason`` and ``failed_check`` stay English, for an instructor's tables."""
     import nbformat
     from .kit.language import language
     from .kit.loop import grade_cases
 
-    lang = language(lang)
     prepare()
     start = time.monotonic()
     rows = []
@@ -240,6 +240,9 @@ def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, s
     except Exception as e:  # noqa: BLE001 - truncated JSON, not a notebook, ...
         row("", "error", f"not a readable notebook: {type(e).__name__}: {str(e)[:200]}")
         return rows
+    # --lang, else the notebook's own (a Chinese exercise notebook says "zh"), else $RINGLAB_LANG
+    meta = nb.metadata.get("ringlab") if isinstance(nb.metadata.get("ringlab"), dict) else {}
+    lang = language(lang or (meta.get("lang") if meta.get("lang") in ("en", "zh") else None))
     try:
         exercises = exercises_of(nb, path, override)
     except ValueError as e:

@@ -31,6 +31,7 @@ on the built HTML for outputs (they exist only after the chapter has run).
 """
 
 import html.parser
+import json
 import math
 import os
 import re
@@ -262,6 +263,10 @@ def test_notebooks_download_and_no_borrowed_repository_link():
     html = Path(BOOK_HTML)
     shipped = {p.name for p in (html / "_downloads").rglob("*.ipynb")}
     assert shipped == {p.name for p in (ROOT / "exercises").rglob("[0-9]*.ipynb")}
+    # the Chinese edition's chapters hand out the notebooks' Chinese twins (exercises/<part>/zh/)
+    twins = {p.name: json.loads(p.read_text("utf-8"))["metadata"]["ringlab"].get("lang")
+             for p in (html / "zh" / "_downloads").rglob("*.ipynb")}
+    assert twins == {name: "zh" for name in shipped}
     for md in chapters() + ["book/intro"]:
         page = (html / f"{md}.html").read_text(encoding="utf-8")
         assert "executablebooks/jupyter-book" not in page, md

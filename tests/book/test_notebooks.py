@@ -41,7 +41,7 @@ def test_exercises_are_exactly_what_the_solutions_generate():
 def test_every_notebook_says_which_exercises_it_holds():
     """A renamed notebook (alice_hw7.ipynb) is graded by its metadata, never by its name."""
     notebooks = SOLUTIONS + sorted((ROOT / "exercises").rglob("[0-9]*.ipynb"))
-    assert len(notebooks) == 2 * len(SOLUTIONS)
+    assert len(notebooks) == 3 * len(SOLUTIONS)          # each exercise and its Chinese twin
     lacking = [p.relative_to(ROOT).as_posix() for p in notebooks
                if not nbformat.read(p, as_version=4).metadata.get("ringlab", {}).get("exercises")]
     assert lacking == []
@@ -80,6 +80,71 @@ def test_make_exercises_refuses_a_solution_without_right_metadata(tmp_path, meta
     assert not (tmp_path / "exercises").exists(), "nothing written"
     assert cli.main(["make-exercises", "--root", str(tmp_path)]) == 2     # the command: one line, no traceback
     assert message in capsys.readouterr().err
+
+
+# Chinese twins whose statements are not translated yet: each reads English. A twin
+# leaves this list when every one of its cells has its Chinese.
+UNTRANSLATED_EXERCISES = {
+    "01_ring_allreduce", "02_ring_allgather", "03_ring_reduce_scatter",
+    "04_tree_broadcast", "05_alltoall", "06_fix_ring_allgather", "07_sync_sgd_step",
+    "08_bucketed_grad_sync", "09_async_ps", "10_column_parallel_linear",
+    "11_row_parallel_linear", "12_megatron_mlp", "13_tp_attention", "14_one_f_one_b",
+    "15_pipeline_stage", "16_zero1_step", "17_zero2_step", "18_zero3_step",
+    "19_hierarchical_allreduce", "20_ring_attention", "21_moe_dispatch_combine",
+    "22_hsdp_step",
+}
+
+
+def test_every_exercise_has_a_chinese_twin():
+    """exercises/<part>/zh/X.ipynb (ringlab/authoring.py): the English code cells after
+    one that asks for Chinese reports, "lang": "zh" in its metadata, and every statement
+    in Chinese from its catalog (no cell left English, none fuzzy)."""
+    from babel.messages.pofile import read_po
+
+    from ringlab.authoring import CHINESE_SETUP
+    untranslated = set()
+    for sol in SOLUTIONS:
+        where = sol.relative_to(ROOT / "solutions")
+        ex = nbformat.read(ROOT / "exercises" / where, as_version=4)
+        zh = nbformat.read(ROOT / "exercises" / where.parent / "zh" / where.name, as_version=4)
+        assert zh.metadata.ringlab == {**ex.metadata.ringlab, "lang": "zh"}
+        assert zh.cells[0].source == CHINESE_SETUP
+        assert [c.source for c in zh.cells[1:] if c.cell_type == "code"] == \
+            [c.source for c in ex.cells if c.cell_type == "code"]
+        english = [c.source for c in ex.cells if c.cell_type == "markdown"]
+        chinese = [c.source for c in zh.cells if c.cell_type == "markdown"]
+        assert len(english) == len(chinese)
+        po = ROOT / "locales/zh_CN/LC_MESSAGES/exercises" / where.with_suffix(".po")
+        with open(po, "rb") as f:
+            assert not [m.id for m in read_po(f) if m.id and m.fuzzy], f"{po}: fuzzy messages"
+        if any(e == c for e, c in zip(english, chinese)):
+            untranslated.add(where.stem)
+    assert untranslated == UNTRANSLATED_EXERCISES, (
+        f"left English: {sorted(untranslated - UNTRANSLATED_EXERCISES)}; translated now, "
+        f"remove them from UNTRANSLATED_EXERCISES: {sorted(UNTRANSLATED_EXERCISES - untranslated)}")
+
+
+def test_a_changed_statement_turns_fuzzy_and_reads_english(tmp_path):
+    """make-exercises keeps a catalog in step with its notebook: a translation whose
+    English cell changed is kept for the translator, marked fuzzy, and not used."""
+    _solution(tmp_path, {"ringlab": {"exercises": {"ring_allreduce": "f"}}})
+    sol = tmp_path / "solutions" / "01_mine.ipynb"
+    nb = nbformat.read(sol, as_version=4)
+    nb.cells.insert(0, nbformat.v4.new_markdown_cell("# Exercise 1: the **ring**"))
+    nbformat.write(nb, sol)
+    make_exercises(tmp_path)
+    po = tmp_path / "locales/zh_CN/LC_MESSAGES/exercises/01_mine.po"
+    po.write_text(po.read_text("utf-8").replace('msgstr ""', 'msgstr "# 练习 1：**环**"', 1), "utf-8")
+    make_exercises(tmp_path)
+    twin = tmp_path / "exercises/zh/01_mine.ipynb"
+    assert nbformat.read(twin, as_version=4).cells[1].source == "# 练习 1：**环**"
+    nb.cells[0].source = "# Exercise 1: the **ring** AllReduce"
+    nbformat.write(nb, sol)
+    assert sorted(make_exercises(tmp_path, check=True)) == sorted(
+        [po, tmp_path / "exercises/01_mine.ipynb", twin])
+    make_exercises(tmp_path)
+    assert "#, fuzzy" in po.read_text("utf-8") and "练习 1" in po.read_text("utf-8")
+    assert nbformat.read(twin, as_version=4).cells[1].source == "# Exercise 1: the **ring** AllReduce"
 
 
 def test_cli_exit_codes_csv_and_executed_notebooks(tmp_path):

@@ -126,3 +126,27 @@ def test_ringlab_grade_lang_zh_on_a_renamed_notebook(tmp_path, monkeypatch, caps
     shown = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
                     for c in ran.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "评分结果：尚未实现" in shown and "results: not implemented" not in shown
+
+
+def test_the_chinese_twin_of_an_exercise_grades_in_chinese(tmp_path, monkeypatch, capsys):
+    """exercises/<part>/zh/X.ipynb, renamed, through ``ringlab grade`` without --lang:
+    its metadata says "zh", and its first cell asks ringlab.grade for Chinese; the
+    Try-it and grading cells run clean, and the report is Chinese."""
+    import shutil
+    from pathlib import Path
+
+    import nbformat
+
+    from ringlab import cli
+    root = Path(__file__).resolve().parents[2]
+    shutil.copy(root / "exercises" / "data_parallel" / "zh" / "07_sync_sgd_step.ipynb",
+                tmp_path / "作业.ipynb")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RINGLAB_LANG", raising=False)
+    assert cli.main(["grade", "作业.ipynb", "--executed", "ran"]) == 1
+    assert "sync_sgd_step 评分结果：尚未实现" in capsys.readouterr().out
+    ran = nbformat.read(tmp_path / "ran" / "作业.ipynb", as_version=4)
+    outputs = [o for c in ran.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    shown = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) for o in outputs)
+    assert "评分结果：尚未实现" in shown and "results: not implemented" not in shown
