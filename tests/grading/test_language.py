@@ -64,6 +64,22 @@ def test_a_text_is_put_into_chinese_whole_with_what_fills_it():
     assert say("every message sent is received", "en") == "every message sent is received"
 
 
+def test_what_a_program_printed_is_left_alone_and_quickly():
+    """A field can hold a learner's text (a repr, an exception's message): one over
+    language.TOO_LONG stays as it is, and no text makes the matching backtrack for long."""
+    import random
+    import time
+    rng = random.Random(0)
+    words = ["rank", "1", "sent", "bytes", "between", "nodes,", "at", "step", ":", ".", "A", "\n"]
+    for n in (50, 300, 3000):
+        text = " ".join(rng.choice(words) for _ in range(n))
+        start = time.perf_counter()
+        said = say(text, "zh")
+        assert time.perf_counter() - start < 1.0, n
+        if len(text) > language.TOO_LONG:
+            assert said == text
+
+
 def test_the_report_frame_in_both_languages():
     failed = Report("ring_allreduce", False, seed=7, cases_passed=2, cases_total=18,
                     failure=Failure("world_size=4, length=12", "no deadlock", "rank 0 waits",

@@ -60,14 +60,18 @@ def language(lang=None):
 
 
 # Where a text made of several sentences (a hint and the hint every error adds) may be
-# cut: after a full stop, colon or question mark and before a capital letter.
+# cut: after a full stop or question mark and before a capital letter or a bracket.
 SENTENCE_END = re.compile(r"(?<=[.?])\s+(?=[A-Z(])")
+# Longer texts (a traceback, a program's printed value) and longer runs of sentences are
+# not matched whole: no grader text is that long, and a report is made in milliseconds.
+# A field longer than TOO_LONG stays as it is (it holds what a program printed).
+LONGEST, MOST_SENTENCES, TOO_LONG = 800, 4, 3000
 
 
 def say(text, lang, depth=2):
     """``text`` in ``lang``: its whole text by a template, else line by line, else
     sentence by sentence (the longest run of sentences one template matches first)."""
-    if lang == "en" or not text:
+    if lang == "en" or not text or len(text) > TOO_LONG:
         return text
     whole = _by_template(text, depth)
     if whole is not None:
@@ -75,11 +79,11 @@ def say(text, lang, depth=2):
     if "\n" in text:
         return "\n".join(say(line, lang, depth) for line in text.split("\n"))
     sentences = SENTENCE_END.split(text)
-    if len(sentences) == 1:
+    if not 1 < len(sentences) <= 3 * MOST_SENTENCES:
         return text
     said, start = [], 0
     while start < len(sentences):
-        for end in range(len(sentences), start, -1):
+        for end in range(min(len(sentences), start + MOST_SENTENCES), start, -1):
             run = " ".join(sentences[start:end])
             found = _by_template(run, depth)
             if found is not None or end == start + 1:
@@ -94,7 +98,11 @@ def say(text, lang, depth=2):
 
 
 def _by_template(text, depth):
-    for pattern, chinese in _templates():
+    if len(text) > LONGEST:
+        return None
+    for pieces, pattern, chinese in _templates():
+        if not _in_order(pieces, text):      # cheap, and no regex backtracks over a text
+            continue                          # that lacks the template's fixed words
         found = pattern.fullmatch(text)
         if found:
             filled = [say(v, "zh", depth - 1) if depth > 0 else v for v in found.groups()]
@@ -102,10 +110,20 @@ def _by_template(text, depth):
     return None
 
 
+def _in_order(pieces, text):
+    at = 0
+    for piece in pieces:
+        at = text.find(piece, at)
+        if at < 0:
+            return False
+        at += len(piece)
+    return True
+
+
 @functools.cache
 def _templates():
-    """[(regex of an English template, its Chinese)], the most specific first: the
-    template with the most fixed text wins where two match."""
+    """[(fixed pieces, regex of an English template, its Chinese)], the most specific
+    first: the template with the most fixed text wins where two match."""
     table = json.loads(CATALOG.read_text(encoding="utf-8"))
     compiled = []
     for english, chinese in table.items():
@@ -113,6 +131,7 @@ def _templates():
         fixed = "".join(literal for literal, *_ in parts)
         regex = "".join(re.escape(literal) + ("(.+?)" if field is not None else "")
                         for literal, field, *_ in parts)
-        compiled.append((len(fixed), re.compile(regex, re.DOTALL), chinese))
+        pieces = [literal for literal, *_ in parts if literal]
+        compiled.append((len(fixed), pieces, re.compile(regex, re.DOTALL), chinese))
     compiled.sort(key=lambda t: -t[0])
-    return [(pattern, chinese) for _, pattern, chinese in compiled]
+    return [(pieces, pattern, chinese) for _, pieces, pattern, chinese in compiled]
