@@ -22,6 +22,9 @@ ROLE = re.compile(r"\{([a-z:]+)\}`([^`]*)`")        # {doc}`text <target>`, {num
 MATH = re.compile(r"\$[^$]+\$")
 CODE = re.compile(r"``?[^`]+``?")
 URL = re.compile(r"https?://[^\s)>\]]+")
+# A fenced code block (in an exercise notebook's cell) is kept whole, character for
+# character; taken out first, so that its ``` do not throw CODE's backtick pairing off.
+FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[^\n]*\n.*?^[ \t]*\1[ \t]*$", re.M | re.S)
 
 
 def pages():
@@ -36,12 +39,14 @@ def translated(page):
 
 def markup(text):
     """What a translation must keep: each role with its target (a {doc} link's text
-    may change, not where it points), math, inline code and URLs."""
+    may change, not where it points), math, inline code, fenced code blocks and URLs."""
+    fences = Counter(m.group(0) for m in FENCE.finditer(text))
+    text = FENCE.sub("", text)
     roles = Counter((name, body.rsplit("<", 1)[-1].rstrip(">") if name != "numref" else body)
                     for name, body in ROLE.findall(text))
     rest = ROLE.sub("", text)
     return roles, Counter(MATH.findall(rest)), Counter(CODE.findall(MATH.sub("", rest))), \
-        Counter(URL.findall(text))
+        Counter(URL.findall(text)), fences
 
 
 def test_every_page_has_a_catalog():
@@ -72,6 +77,11 @@ def test_markup_catches_a_changed_number_link_or_name():
                   "环发送 $2(N-1)$ 条消息({doc}`allgather`);见 `comm.send`。",
                   "环发送 $2(N-1)$ 条消息({doc}`ring_allreduce`);见 `comm.recv`。"):
         assert markup(wrong) != markup(english), wrong
+    cell = "Write `f`:\n\n```python\ndef f(comm):   # runs on every rank\n```\n\nthen `comm.send`."
+    assert markup("编写 `f`：\n\n```python\ndef f(comm):   # runs on every rank\n```\n\n然后 `comm.send`。") \
+        == markup(cell)
+    assert markup("编写 `f`：\n\n```python\ndef f(comm):   # 每个 rank 上运行\n```\n\n然后 `comm.send`。") \
+        != markup(cell)
 
 
 def test_coverage_counts_changed_or_fuzzy_text_as_untranslated(tmp_path, monkeypatch):
