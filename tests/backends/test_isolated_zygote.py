@@ -29,7 +29,9 @@ def _what_the_rank_finds(comm, x):
 
 
 def test_a_rank_finds_the_answers_in_the_zygotes_index():
-    out = run_isolated(_what_the_rank_finds, [np.zeros(1)] * 2).outputs
+    # The rank scans every object of its process (the slow path, on purpose): seconds
+    # on a loaded machine, so more than run_isolated's default 10 s.
+    out = run_isolated(_what_the_rank_finds, [np.zeros(1)] * 2, timeout=120).outputs
     for used_index, same, count in out:
         assert used_index == 1 and same == 1 and count >= 1
 

@@ -60,7 +60,9 @@ def _solution(tmp_path, metadata):
 
 def test_make_exercises_copies_the_metadata(tmp_path):
     _solution(tmp_path, {"ringlab": {"exercises": {"ring_allreduce": "f"}}})
-    assert make_exercises(tmp_path) == [tmp_path / "exercises" / "01_mine.ipynb"]
+    assert sorted(make_exercises(tmp_path)) == sorted([       # the exercise, its twin, its catalog
+        tmp_path / "exercises" / "01_mine.ipynb", tmp_path / "exercises" / "zh" / "01_mine.ipynb",
+        tmp_path / "locales" / "zh_CN" / "LC_MESSAGES" / "exercises" / "01_mine.po"])
     ex = nbformat.read(tmp_path / "exercises" / "01_mine.ipynb", as_version=4)
     assert ex.metadata.ringlab == {"exercises": {"ring_allreduce": "f"}}
     assert exercises_of(ex, "renamed.ipynb") == {"ring_allreduce": "f"}
