@@ -22,6 +22,7 @@ ROLE = re.compile(r"\{([a-z:]+)\}`([^`]*)`")        # {doc}`text <target>`, {num
 MATH = re.compile(r"\$[^$]+\$")
 CODE = re.compile(r"``?[^`]+``?")
 URL = re.compile(r"https?://[^\s)>\]]+")
+FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})[^\n]*\n.*?^ {0,3}\1[ \t]*$", re.M | re.S)   # ```py ... ```
 
 
 def pages():
@@ -36,11 +37,14 @@ def translated(page):
 
 def markup(text):
     """What a translation must keep: each role with its target (a {doc} link's text
-    may change, not where it points), math, inline code and URLs."""
+    may change, not where it points), math, inline code, fenced code blocks (whole, so
+    that their backticks do not pair with the inline code's) and URLs."""
+    fences = Counter(m.group(0) for m in FENCE.finditer(text))
+    text = FENCE.sub("", text)
     roles = Counter((name, body.rsplit("<", 1)[-1].rstrip(">") if name != "numref" else body)
                     for name, body in ROLE.findall(text))
     rest = ROLE.sub("", text)
-    return roles, Counter(MATH.findall(rest)), Counter(CODE.findall(MATH.sub("", rest))), \
+    return roles, Counter(MATH.findall(rest)), Counter(CODE.findall(MATH.sub("", rest))) + fences, \
         Counter(URL.findall(text))
 
 
@@ -72,6 +76,10 @@ def test_markup_catches_a_changed_number_link_or_name():
                   "环发送 $2(N-1)$ 条消息({doc}`allgather`);见 `comm.send`。",
                   "环发送 $2(N-1)$ 条消息({doc}`ring_allreduce`);见 `comm.recv`。"):
         assert markup(wrong) != markup(english), wrong
+    fence = "```python\ndef f(comm):\n    ...\n```"      # an exercise cell: the fence is kept whole
+    cell = f"Write it:\n\n{fence}\n\n| what | how |\n|---|---|\n| send | `comm.send` |"
+    assert markup(f"写出它：\n\n{fence}\n\n| 内容 | 用法 |\n|---|---|\n| 发送 | `comm.send` |") == markup(cell)
+    assert markup(cell.replace("    ...", "    pass")) != markup(cell)
 
 
 def test_coverage_counts_changed_or_fuzzy_text_as_untranslated(tmp_path, monkeypatch):
