@@ -20,7 +20,7 @@ MESSAGES = editions.LOCALES / editions.LANGUAGE / "LC_MESSAGES"
 
 ROLE = re.compile(r"\{([a-z:]+)\}`([^`]*)`")        # {doc}`text <target>`, {numref}`label`
 MATH = re.compile(r"\$[^$]+\$")
-CODE = re.compile(r"``?[^`]+``?")
+CODE = re.compile(r"```.*?```|``?[^`]+``?", re.S)   # a fenced block (an exercise cell's) is one
 URL = re.compile(r"https?://[^\s)>\]]+")
 # A fenced code block (in an exercise notebook's cell) is kept whole, character for
 # character; taken out first, so that its ``` do not throw CODE's backtick pairing off.
@@ -82,6 +82,17 @@ def test_markup_catches_a_changed_number_link_or_name():
         == markup(cell)
     assert markup("编写 `f`：\n\n```python\ndef f(comm):   # 每个 rank 上运行\n```\n\n然后 `comm.send`。") \
         != markup(cell)
+
+
+def test_markup_takes_a_fenced_block_whole():
+    """An exercise cell's fenced code is one piece of markup, so the prose after it may
+    change and the inline code after it still counts (not the text between backticks)."""
+    english = "Write:\n\n```python\ndef f(comm):\n    ...\n```\n\nThen call `f(comm)` once."
+    assert markup("写出：\n\n```python\ndef f(comm):\n    ...\n```\n\n然后调用一次 `f(comm)`。") \
+        == markup(english)
+    for wrong in ("写出：\n\n```python\ndef g(comm):\n    ...\n```\n\n然后调用一次 `f(comm)`。",
+                  "写出：\n\n```python\ndef f(comm):\n    ...\n```\n\n然后调用一次 `f(comm, x)`。"):
+        assert markup(wrong) != markup(english), wrong
 
 
 def test_coverage_counts_changed_or_fuzzy_text_as_untranslated(tmp_path, monkeypatch):
