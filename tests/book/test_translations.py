@@ -20,7 +20,7 @@ MESSAGES = editions.LOCALES / editions.LANGUAGE / "LC_MESSAGES"
 
 ROLE = re.compile(r"\{([a-z:]+)\}`([^`]*)`")        # {doc}`text <target>`, {numref}`label`
 MATH = re.compile(r"\$[^$]+\$")
-CODE = re.compile(r"```.*?```|``?[^`]+``?", re.S)   # a fenced block (an exercise cell's) is one
+CODE = re.compile(r"``?[^`]+``?")
 URL = re.compile(r"https?://[^\s)>\]]+")
 # A fenced code block (in an exercise notebook's cell) is kept whole, character for
 # character; taken out first, so that its ``` do not throw CODE's backtick pairing off.
