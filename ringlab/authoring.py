@@ -89,6 +89,12 @@ def _text(nb):
     return nbformat.writes(nb) + "\n"
 
 
+def chinese_twin(exercise):
+    """Where the Chinese twin of the exercise notebook at ``exercise`` lives."""
+    exercise = Path(exercise)
+    return exercise.parent / "zh" / exercise.name
+
+
 # The Chinese twin's first cell: ringlab.grade writes its reports in Chinese.
 CHINESE_SETUP = 'import os\n\nos.environ["RINGLAB_LANG"] = "zh"   # 评分报告使用中文'
 
@@ -143,8 +149,7 @@ def make_exercises(root=".", check=False):
         texts[root / "exercises" / where] = _text(ex)
         po = root / "locales" / "zh_CN" / "LC_MESSAGES" / "exercises" / where.with_suffix(".po")
         texts[po], chinese = _catalog_text(ex, po.read_text("utf-8") if po.exists() else None)
-        texts[root / "exercises" / where.parent / "zh" / where.name] = _text(
-            chinese_exercise(ex, chinese))
+        texts[chinese_twin(root / "exercises" / where)] = _text(chinese_exercise(ex, chinese))
     changed = [target for target, text in texts.items()
                if not target.exists() or target.read_text("utf-8") != text]
     if not check:

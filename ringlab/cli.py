@@ -21,6 +21,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from .grading.kit.language import LANGUAGES
 from .grading.trusted import FIELDS
 
 
@@ -162,7 +163,7 @@ def main(argv=None):
     g.add_argument("--executed", metavar="DIR",
                    help="also write each notebook as it ran, with its outputs, under DIR "
                         "(at its own path: DIR/submissions/alice/hw.ipynb)")
-    g.add_argument("--lang", choices=("en", "zh"),
+    g.add_argument("--lang", choices=LANGUAGES,
                    help="the reports' language (default: $RINGLAB_LANG, else en); "
                         "the CSV's reason and check columns stay English")
     g.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)

@@ -154,10 +154,12 @@ def _chinese_notebooks(app, doctree):
     if app.config.language != LANGUAGE:
         return
     from sphinx import addnodes
+
+    from ringlab.authoring import chinese_twin
     for node in doctree.findall(addnodes.download_reference):
         target = Path(node["reftarget"])
-        if "exercises" in target.parts and target.suffix == ".ipynb" and target.parent.name != "zh":
-            twin = target.parent / "zh" / target.name
+        if "exercises" in target.parts and target.suffix == ".ipynb":
+            twin = chinese_twin(target)
             if Path(app.env.relfn2path(str(twin), app.env.docname)[1]).exists():
                 node["reftarget"] = twin.as_posix()
 

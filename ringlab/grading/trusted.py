@@ -221,7 +221,7 @@ def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, s
     default: the notebook's ``ringlab`` metadata ``lang``, else ``$RINGLAB_LANG``);
     ``reason`` and ``failed_check`` stay English, for an instructor's tables."""
     import nbformat
-    from .kit.language import language
+    from .kit.language import LANGUAGES, language
     from .kit.loop import grade_cases
 
     prepare()
@@ -242,7 +242,7 @@ def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, s
         return rows
     # --lang, else the notebook's own (a Chinese exercise notebook says "zh"), else $RINGLAB_LANG
     meta = nb.metadata.get("ringlab") if isinstance(nb.metadata.get("ringlab"), dict) else {}
-    lang = language(lang or (meta.get("lang") if meta.get("lang") in ("en", "zh") else None))
+    lang = language(lang or (meta.get("lang") if meta.get("lang") in LANGUAGES else None))
     try:
         exercises = exercises_of(nb, path, override)
     except ValueError as e:

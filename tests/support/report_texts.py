@@ -26,8 +26,6 @@ def template(node):
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         left, right = template(node.left), template(node.right)
         return None if left is None or right is None else left + right
-    if isinstance(node, ast.IfExp):            # "a" if x else "b": both
-        return None
     return None
 
 

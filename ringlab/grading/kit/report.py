@@ -78,12 +78,9 @@ class Report:
         lines = [head + words["failed"].format(passed=self.cases_passed, total=self.cases_total),
                  "", case + say(f.case, lang), check + say(f.check, lang),
                  what + _indent(say(f.what, lang))]
-        if f.expected is not None:
-            lines.append(expected + _indent(say(f.expected, lang)))
-        if f.got is not None:
-            lines.append(got + _indent(say(f.got, lang)))
-        if f.hint:
-            lines.append(hint + _indent(say(f.hint, lang)))
+        for label, value in ((expected, f.expected), (got, f.got), (hint, f.hint or None)):
+            if value is not None:
+                lines.append(label + _indent(say(value, lang)))
         # The backend too: a failure on real processes may not happen in the simulator.
         backend = "" if self.backend == "sim" else f", backend={self.backend!r}"
         backend += "" if lang == "en" else f', lang="{lang}"'
