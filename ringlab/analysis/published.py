@@ -3,8 +3,12 @@
 Every number below is from a text we read (source, table, page where the copy
 had one); the comment on each row says which. What the source does not state
 (microbatch size, recomputation, overlap) is our assumption, said in the row's
-``assumed``. The analyzer's defaults (``presets.HARDWARE``) were fixed before
-these rows were compared with it, and no row changes them.
+``assumed``. The analyzer's defaults (``presets.HARDWARE``) are measurements
+from sources independent of these rows (``presets`` cites each; a first set,
+the burst matmul rate and the links' line rates, came out 1.16x optimistic
+here, and was replaced by the sustained rate and NCCL's measured share, not by
+numbers fitted to these rows). One row group reads its source's stack: Llama 3
+with FlashAttention-2's efficiency (``H100_FA2``, said in its ``assumed``).
 
 Each run gives one measured number: an iteration time, or a throughput (TFLOP/s
 per GPU or MFU) under the source's own FLOP count, which ``published_step``
