@@ -101,13 +101,17 @@ def add_arguments(a):
     h.add_argument("--hbm-tbps", type=float, help="HBM bandwidth, TB/s")
     h.add_argument("--sms", type=int, help="streaming multiprocessors")
     h.add_argument("--efficiency", type=float,
-                   help="fraction of peak the best-shaped matmul reaches (the stack's "
-                        "GEMMs; preset: measured MAMF)")
+                   help="fraction of peak the best-shaped matmul sustains (the stack's "
+                        "GEMMs; preset: measured at the power limit)")
     h.add_argument("--fp8-efficiency", type=float)
     h.add_argument("--attention-efficiency", type=float,
                    help="fraction of peak FlashAttention reaches")
     h.add_argument("--hbm-efficiency", type=float,
                    help="fraction of HBM bandwidth memory-bound kernels reach")
+    h.add_argument("--intra-efficiency", type=float,
+                   help="fraction of --intra-bw NCCL's collectives reach (preset: measured)")
+    h.add_argument("--inter-efficiency", type=float,
+                   help="fraction of --inter-bw NCCL's collectives reach (preset: measured)")
     h.add_argument("--memory-gb", type=float)
     a.add_argument("--compare", nargs="+", metavar="K=V,...",
                    help='several layouts side by side, each like "dp=8,tp=2,sp=1"')
@@ -155,6 +159,8 @@ def build_hardware(args):
               "fp8_efficiency": args.fp8_efficiency,
               "attention_efficiency": args.attention_efficiency,
               "hbm_efficiency": args.hbm_efficiency,
+              "intra_efficiency": args.intra_efficiency,
+              "inter_efficiency": args.inter_efficiency,
               "intra_latency": scaled(args.intra_latency, 1e-6),
               "inter_latency": scaled(args.inter_latency, 1e-6),
               "memory": scaled(args.memory_gb, 1e9)}

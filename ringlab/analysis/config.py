@@ -386,7 +386,11 @@ class Hardware:
     sources there: ``efficiency``, the fraction of the 16-bit peak the best
     shaped matmul reaches in the GEMM library (``fp8_efficiency`` in FP8);
     ``attention_efficiency``, the fraction FlashAttention reaches;
-    ``hbm_efficiency``, the fraction of ``hbm_bw`` memory-bound kernels reach.
+    ``hbm_efficiency``, the fraction of ``hbm_bw`` memory-bound kernels reach;
+    ``intra_efficiency`` and ``inter_efficiency``, the fraction of the link rate
+    (``intra_bw``, ``inter_bw``) NCCL's collectives reach: NVLink packets carry
+    headers, so a collective moves its payload at about 80% of the line rate
+    (1.0 here, the line rate; the presets take NCCL's measured numbers).
     ``gpus``: the cluster's size, if you want the layout checked against it."""
 
     name: str = "cluster"
@@ -404,6 +408,8 @@ class Hardware:
     fp8_efficiency: float = 0.0
     attention_efficiency: float = 0.615
     hbm_efficiency: float = 0.8
+    intra_efficiency: float = 1.0
+    inter_efficiency: float = 1.0
     gpus: int | None = None
 
     def __post_init__(self):
@@ -414,7 +420,8 @@ class Hardware:
         for name in ("intra_bw", "inter_bw", "peak_flops", "memory", "hbm_bw"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"hardware: {name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("efficiency", "attention_efficiency", "hbm_efficiency"):
+        for name in ("efficiency", "attention_efficiency", "hbm_efficiency",
+                     "intra_efficiency", "inter_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"hardware: {name} is a fraction of peak in (0, 1], got "
                                  f"{getattr(self, name)!r}")

@@ -52,24 +52,42 @@ MODELS = {
 }
 
 # The hardware presets. Links and peaks are datasheet numbers; what cannot be derived
-# (how close a kernel gets to them) is one measured or stated number each, chosen
-# before any comparison with published runs and kept the same for every run:
+# (how close a kernel gets to them) is one measured or stated number each, from a source
+# independent of the published runs in ``published.py`` and the same for every run:
 #
-# * efficiency: the "maximum achievable matmul FLOPS" (MAMF) of S. Bekman, "Machine
-#   Learning Engineering", compute/accelerator/README.md, "Maximum Achievable Matmul
-#   FLOPS comparison table" (BF16): A100 SXM 271.2 of 312 TFLOPS (86.9%), H100 SXM
-#   794.5 of 989 (80.3%); FP8 (float8_e4m3fn): H100 SXM 1402.6 of 1979 (70.9%). The
-#   best a cuBLAS matmul reaches on the GPU, measured by brute force over shapes;
-#   ``gemm`` takes it as the ceiling and loses more on badly shaped matmuls.
+# * efficiency: what the best-shaped cuBLAS matmul *sustains* once the GPU sits at its
+#   power limit, as a training step keeps it. A100 SXM: 257 of 312 TFLOP/s (82.4%), an
+#   8192^3 BF16 matmul on normally distributed inputs (H. He, "Strangely, Matrix
+#   Multiplications on GPUs Run Faster When Given 'Predictable' Data", thonking.ai,
+#   2024: 295 on zeros, 257 on randn, the clock pulled down by the 400 W limit). H100
+#   SXM: 708.5 of 989 (71.6%), the "maximum sustainable matmul FLOPS" (MSMF) that S.
+#   Bekman measured on an H200 SXM, the same GH100 compute at the same 700 W, "~693 W @
+#   1465 MHz" against a 1830 MHz rating (ml-engineering, compute/accelerator/README.md at
+#   commit 082816f, "Maximum Achievable Matmul FLOPS comparison table"; the table's MAMF
+#   row for H100 notes "H200 is the same"); FP8 on H200: 1288.7 of 1979 (65.1%). Not
+#   the same table's *achievable* MAMF (A100 86.9%, H100 80.3%), a short burst at the
+#   boost clock that a training step does not hold. ``gemm`` takes it as the ceiling
+#   and loses more on badly shaped matmuls.
 # * attention_efficiency: FlashAttention-2 reaches "50-73% of the theoretical maximum
 #   FLOPs/s on A100" (Dao 2023, arXiv:2307.08691, abstract): we take the middle, 61.5%,
 #   for forward and backward together. On H100, FlashAttention-3 reaches "up to 740
 #   TFLOPs/s (75% utilization)" (Shah et al. 2024, arXiv:2407.08608, abstract); we take
 #   the same ratio of typical to best as FlashAttention-2's on A100: 75% x 61.5/73 = 63.2%.
+#   (The same abstract: FlashAttention-2 reaches "only 35% utilization" on H100.)
 # * hbm_efficiency: a read-bandwidth kernel tuned for it reaches about 88-90% of an
 #   A100's 2.04 TB/s (NVIDIA developer forum, "Trouble to Reach Peak Bandwidth of A100",
 #   citing a GTC talk's best kernel at about 90%); a framework's norms, activations and
 #   optimizer are shorter and less tuned: 80%, an assumption.
+# * intra_efficiency: NVLink's line rate less its packet overhead, what NCCL's ring
+#   collectives reach (S. Jeaugey, NCCL's maintainer): A100, "~20GB/s effective bandwidth"
+#   per 25 GB/s link, "some other bottlenecks ... limits it to ~230GB/s" of 300
+#   (NVIDIA/nccl-tests#149): 76.7%; H100, "450GB/s is the line rate. With the protocol
+#   overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s" (nccl-tests
+#   #212): 82.2%. (NVLink SHARP lifts an H100 AllReduce's bus bandwidth to ~480 GB/s;
+#   the AllGathers and ReduceScatters of sequence parallelism do not get it.)
+# * inter_efficiency: "the peak for 200G HDR is 24GB/s" of 25 (Jeaugey, NVIDIA/nccl#412;
+#   NVIDIA's "On an Nvidia DGX-A100 ... 8x200Gbit/s IB cards ... we measure 192GB/s
+#   AllReduce BusBW", quoted in NVIDIA/nccl#1576): 96%, taken for 400G NICs too.
 #
 # HBM: 2.0 TB/s (A100 80GB SXM, HBM2e; 2039 GB/s), 3.35 TB/s (H100 SXM, HBM3); SMs: 108
 # (A100), 132 (H100) (Bekman, ibid., "Accelerator memory size and speed", "Caches").
@@ -80,15 +98,16 @@ HARDWARE = {
     # memory: "80 GB" as 80e9 bytes, the analyzer's GB (10^9 bytes) everywhere.
     "dgx-a100": Hardware("dgx-a100", gpus_per_node=8, intra_bw=300e9, inter_bw=25e9,
                          intra_latency=5e-6, inter_latency=10e-6, peak_flops=312e12,
-                         sms=108, hbm_bw=2.039e12, memory=80e9, efficiency=0.869,
-                         attention_efficiency=0.615, hbm_efficiency=0.8),
+                         sms=108, hbm_bw=2.039e12, memory=80e9, efficiency=0.824,
+                         attention_efficiency=0.615, hbm_efficiency=0.8,
+                         intra_efficiency=0.767, inter_efficiency=0.96),
     # DGX H100: NVLink 4 (900 GB/s both directions, 450 each way), eight 400 Gb/s NICs,
     # 989 TFLOP/s dense BF16, 1979 dense FP8.
     "dgx-h100": Hardware("dgx-h100", gpus_per_node=8, intra_bw=450e9, inter_bw=50e9,
                          intra_latency=5e-6, inter_latency=10e-6, peak_flops=989e12,
                          fp8_flops=1979e12, sms=132, hbm_bw=3.35e12, memory=80e9,
-                         efficiency=0.803, fp8_efficiency=0.709, attention_efficiency=0.632,
-                         hbm_efficiency=0.8),
+                         efficiency=0.716, fp8_efficiency=0.651, attention_efficiency=0.632,
+                         hbm_efficiency=0.8, intra_efficiency=0.822, inter_efficiency=0.96),
 }
 
 

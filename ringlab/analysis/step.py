@@ -63,11 +63,23 @@ from .gpu_memory import busiest_rank, chunk_layers, memory, rank_chunks, rank_pa
 from .timing import PARTS, embedding_work, head_work, layer_work, optimizer_seconds
 
 
-def link_cost(hardware, link):
-    """(alpha, beta) of a link: latency, seconds per byte."""
+def link_bw(hardware, link):
+    """Bytes per second a collective moves on ``link``: the line rate times the
+    fraction NCCL reaches (``intra_efficiency``, ``inter_efficiency``)."""
     if link == "intra":
-        return hardware.intra_latency, 1 / hardware.intra_bw
-    return hardware.inter_latency, 1 / hardware.inter_bw
+        return hardware.intra_bw * hardware.intra_efficiency
+    return hardware.inter_bw * hardware.inter_efficiency
+
+
+def link_cost(hardware, link):
+    """(alpha, beta) of a link: latency, seconds per byte.
+
+    >>> from ringlab.analysis.config import Hardware
+    >>> link_cost(Hardware(intra_bw=300e9, intra_efficiency=0.75), "intra")[1] * 225e9
+    1.0
+    """
+    latency = hardware.intra_latency if link == "intra" else hardware.inter_latency
+    return latency, 1 / link_bw(hardware, link)
 
 
 def comm_seconds(comm, hardware):
@@ -79,7 +91,8 @@ def comm_seconds(comm, hardware):
     out = comm.bytes_sent / comm.count
     intra, inter = out * comm.intra_share, out * (1 - comm.intra_share)
     latency = hardware.inter_latency if inter else hardware.intra_latency
-    return comm.count * (latency + max(intra / hardware.intra_bw, inter / hardware.inter_bw))
+    return comm.count * (latency + max(intra / link_bw(hardware, "intra"),
+                                       inter / link_bw(hardware, "inter")))
 
 
 def pp_exposed_messages(p, m, v=1, schedule="1f1b", overlap=False):
@@ -210,6 +223,9 @@ class Report:
                  f"  efficiency: GEMMs {hw.efficiency:.1%} at best, attention "
                  f"{hw.attention_efficiency:.1%}, memory-bound {hw.hbm_efficiency:.0%}"
                  + (f", FP8 GEMMs {hw.fp8_efficiency:.1%}" if lay.fp8 else ""),
+                 f"  links (NCCL's share): in a node {hw.intra_bw / 1e9:g} GB/s x "
+                 f"{hw.intra_efficiency:.1%}, between nodes {hw.inter_bw / 1e9:g} GB/s x "
+                 f"{hw.inter_efficiency:.1%}",
                  "",
                  f"{'communication':<20}{'group':>9}{'count':>8}{'GB sent':>11}"
                  f"{'seconds':>11}  overlap"]
