@@ -64,6 +64,18 @@ def test_a_text_is_put_into_chinese_whole_with_what_fills_it():
     assert say("every message sent is received", "en") == "every message sent is received"
 
 
+
+def test_a_field_stops_at_the_end_of_its_line():
+    """A template on one line ending in ``{}`` does not swallow the lines after it (they
+    were put inside its Chinese, "形状为 (3,)\n没有死锁 的数组"): each line is said apart."""
+    assert say("rank 1 returned an array of shape (3,)\nno deadlock", "zh") == \
+        "rank 1 返回了形状为 (3,) 的数组\n没有死锁"
+    assert say("a numpy array of shape (3, 4)\nrank 2 returned None", "zh") == \
+        "形状为 (3, 4) 的 numpy 数组\nrank 2 返回了 None"
+    # English is never touched, on one line or several
+    text = "rank 1 returned an array of shape (3,)\nno deadlock"
+    assert say(text, "en") is text
+
 def test_what_a_program_printed_is_left_alone_and_quickly():
     """A field can hold a learner's text (a repr, an exception's message): one over
     language.TOO_LONG stays as it is, and no text makes the matching backtrack for long."""

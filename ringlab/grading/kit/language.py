@@ -132,6 +132,9 @@ def _templates():
         regex = "".join(re.escape(literal) + ("(.+?)" if field is not None else "")
                         for literal, field, *_ in parts)
         pieces = [literal for literal, *_ in parts if literal]
-        compiled.append((len(fixed), pieces, re.compile(regex, re.DOTALL), chinese))
+        # A field does not run past the end of a line unless the template has several lines:
+        # else "... {}" would swallow the lines after it and leave them English.
+        flags = re.DOTALL if "\n" in english else 0
+        compiled.append((len(fixed), pieces, re.compile(regex, flags), chinese))
     compiled.sort(key=lambda t: -t[0])
     return [(pieces, pattern, chinese) for _, pieces, pattern, chinese in compiled]
