@@ -68,7 +68,7 @@ SENTENCE_END = re.compile(r"(?<=[.?])\s+(?=[A-Z(])")
 LONGEST, MOST_SENTENCES, TOO_LONG = 800, 4, 3000
 
 
-def say(text, lang, depth=2):
+def say(text, lang, depth=3):
     """``text`` in ``lang``: its whole text by a template, else line by line, else
     clause by clause ("; "), else sentence by sentence (the longest run of sentences one
     template matches first)."""
