@@ -64,6 +64,66 @@ def test_a_text_is_put_into_chinese_whole_with_what_fills_it():
     assert say("every message sent is received", "en") == "every message sent is received"
 
 
+
+def test_a_field_stops_at_the_end_of_its_line():
+    """A template on one line ending in ``{}`` does not swallow the lines after it (they
+    were put inside its Chinese, "形状为 (3,)\n没有死锁 的数组"): each line is said apart."""
+    assert say("rank 1 returned an array of shape (3,)\nno deadlock", "zh") == \
+        "rank 1 返回了形状为 (3,) 的数组\n没有死锁"
+    assert say("a numpy array of shape (3, 4)\nrank 2 returned None", "zh") == \
+        "形状为 (3, 4) 的 numpy 数组\nrank 2 返回了 None"
+    # English is never touched, on one line or several
+    text = "rank 1 returned an array of shape (3,)\nno deadlock"
+    assert say(text, "en") is text
+
+
+def test_clauses_and_sentences_are_said_one_by_one():
+    """A field between fixed words holds neither a "; " nor a sentence's end: a text of
+    several clauses or sentences is said piece by piece, each with its own template."""
+    assert say("rank 2's contribution is missing; rank 0's contribution is counted twice",
+               "zh") == "缺少 rank 2 的贡献；rank 0 的贡献被计入了两次"
+    assert say("In plain words: rank 0 waits for a message from rank 1; rank 1 waits for a "
+               "message from rank 0: a cycle, so none of them can go on.", "zh") == (
+        "简单地说：rank 0 在等待来自 rank 1 的消息；rank 1 在等待来自 rank 0 的消息："
+        "形成了环，所以它们都无法继续。")
+    # a one-sentence template does not take the next sentence into its last field
+    hint = ("Rank 2 is position 2, whose child positions 2i+1 = 5 and 2i+2 = 6 exist only "
+            "below N = 4. Positions past N - 1 = 3 are not in the tree; wrapping them around "
+            "with % N makes them real ranks (5 -> rank 1, 6 -> rank 2).")
+    assert "Positions" not in say(hint, "zh") and "5 -> rank 1" in say(hint, "zh")
+    # an English clause keeps the whole text English
+    assert say("rank 2's contribution is missing; something new", "zh") == \
+        "rank 2's contribution is missing; something new"
+
+
+# Wrong programs of tests/programs whose reports have several lines (What, Got); none
+# of their lines may stay English. (A line that quotes the program's own exception is
+# the program's, and is not among these.)
+WRONG = [("ring_allreduce", "ring_variants", "one_step_too_few"),
+         ("ring_allreduce", "ring_variants", "receives_first_deadlock"),
+         ("ring_allreduce", "ring_variants", "accumulates_in_all_gather"),
+         ("one_f_one_b", "pipeline", "ofob_gpipe"),
+         ("one_f_one_b", "pipeline", "ofob_swapped"),
+         ("one_f_one_b", "pipeline", "ofob_warmup_short")]
+# Three English words in a row: a sentence left untranslated (code and numbers break a run).
+ENGLISH = re.compile(r"(?<![\w.'])(?:[A-Za-z][a-z]+|a)(?:[,;:]? (?:[A-Za-z][a-z]+|a)){2}(?![\w(.])")
+
+
+@pytest.mark.parametrize("exercise, module, name", WRONG)
+def test_real_multi_line_reports_read_chinese_whole(exercise, module, name):
+    import importlib
+    program = getattr(importlib.import_module(f"programs.{module}"), name)
+    report = ringlab.grade(exercise, program, seed=1, lang="zh")
+    f = report.failure
+    assert f is not None and "\n" in f.what + (f.got or ""), report.text("en")
+    for field in (f.what, f.expected, f.got):
+        for line in say(field or "", "zh").split("\n"):
+            if line.startswith("rank ") and ": " in line and "F0" in line:
+                continue                  # a schedule's row: "rank 0: 0F0 0F1 0B0 ..."
+            assert not ENGLISH.search(line), (name, line)
+    # and the English report is the graders' text, untouched
+    assert f.what.replace("\n", "\n          ") in report.text("en")
+
 def test_what_a_program_printed_is_left_alone_and_quickly():
     """A field can hold a learner's text (a repr, an exception's message): one over
     language.TOO_LONG stays as it is, and no text makes the matching backtrack for long."""

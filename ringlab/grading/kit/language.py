@@ -68,9 +68,10 @@ SENTENCE_END = re.compile(r"(?<=[.?])\s+(?=[A-Z(])")
 LONGEST, MOST_SENTENCES, TOO_LONG = 800, 4, 3000
 
 
-def say(text, lang, depth=2):
+def say(text, lang, depth=3):
     """``text`` in ``lang``: its whole text by a template, else line by line, else
-    sentence by sentence (the longest run of sentences one template matches first)."""
+    clause by clause ("; "), else sentence by sentence (the longest run of sentences one
+    template matches first)."""
     if lang == "en" or not text or len(text) > TOO_LONG:
         return text
     whole = _by_template(text, depth)
@@ -78,6 +79,12 @@ def say(text, lang, depth=2):
         return whole
     if "\n" in text:
         return "\n".join(say(line, lang, depth) for line in text.split("\n"))
+    # Clauses a grader joins with "; " (each a text of its own): Chinese only if all are.
+    clauses = text.split("; ")
+    if len(clauses) > 1:
+        said = [say(clause, lang, depth) for clause in clauses]
+        if all(zh != en for zh, en in zip(said, clauses)):
+            return "；".join(said)
     sentences = SENTENCE_END.split(text)
     if not 1 < len(sentences) <= 3 * MOST_SENTENCES:
         return text
@@ -104,7 +111,11 @@ def _by_template(text, depth):
         if not _in_order(pieces, text):      # cheap, and no regex backtracks over a text
             continue                          # that lacks the template's fixed words
         found = pattern.fullmatch(text)
-        if found:
+        # A field holding the template's own words again is two texts made into one
+        # ("rank {} waits for rank {}" over "rank 1 waits for rank 2; rank 2 waits for
+        # rank 1"): each is said on its own instead.
+        if found and not any(piece in value for value in found.groups()
+                             for piece in pieces if len(piece.strip()) >= 6):
             filled = [say(v, "zh", depth - 1) if depth > 0 else v for v in found.groups()]
             return chinese.format(*filled)
     return None
@@ -129,9 +140,28 @@ def _templates():
     for english, chinese in table.items():
         parts = list(string.Formatter().parse(english))
         fixed = "".join(literal for literal, *_ in parts)
-        regex = "".join(re.escape(literal) + ("(.+?)" if field is not None else "")
-                        for literal, field, *_ in parts)
+        # A field between fixed words holds no "; " (the clauses of a text joined so are
+        # said one by one, not as rank "1 waits ...; rank 0"), and no sentence's end unless
+        # the template has one: a run of sentences is not one sentence's template.
+        edges = {0} if parts and not parts[0][0] else set()
+        edges |= {len(parts) - 1} if parts and parts[-1][1] is not None else set()
+        sentences = bool(SENTENCE_END.search(english.replace("{}", "X.")))
+        regex = "".join(re.escape(literal) + ("" if field is None else _field(
+            i in edges, sentences, glued=not literal[-1:].isspace()))
+            for i, (literal, field, *_) in enumerate(parts))
         pieces = [literal for literal, *_ in parts if literal]
-        compiled.append((len(fixed), pieces, re.compile(regex, re.DOTALL), chinese))
+        # A field does not run past the end of a line unless the template has several lines:
+        # else "... {}" would swallow the lines after it and leave them English.
+        flags = re.DOTALL if "\n" in english else 0
+        compiled.append((len(fixed), pieces, re.compile(regex, flags), chinese))
     compiled.sort(key=lambda t: -t[0])
     return [(pieces, pattern, chinese) for _, pieces, pattern, chinese in compiled]
+
+
+def _field(at_an_edge, sentences, glued):
+    """The regex of one ``{}``: any text, lazily, but within limits (see _templates). A
+    field glued to what comes before it ("node{}", "({}){}") may be empty: a plural's
+    "s", or an optional note the grader adds."""
+    stops = ([] if at_an_edge else ["; "]) + ([] if sentences else [r"[.?]\s+[A-Z(]"])
+    count = "*?" if glued else "+?"
+    return f"((?:(?!{'|'.join(stops)}).){count})" if stops else f"(.{count})"
