@@ -5,8 +5,7 @@ case), ``checks`` (trace checks and the integrity of the grader's modules),
 reductions share), ``sharded``, ``measured`` and ``units`` (what the graders
 of ZeRO-1/2/3 and HSDP share: cases, reference, message labels; the measured
 step loop; FSDP's units),
-``causality`` (a message carries only what its sender knew), ``deadlock``
-(diagnoses), ``apart`` (the self-check in a process of its own), ``driver``
+``causality`` (a message carries only what its sender knew), ``apart`` (the self-check in a process of its own), ``driver``
 (what a grader's driver uses inside the ranks), ``memory`` (what a rank's
 own code allocates, measured), ``frames`` (tracebacks without the
 grader's own lines) and ``widths`` (the hidden MLPs' layer widths)."""
