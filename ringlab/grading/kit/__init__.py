@@ -1,6 +1,7 @@
 """What every grader uses: ``report`` (the report, the grade loop, running a
 case), ``checks`` (trace checks and the integrity of the grader's modules),
-``blocks`` and ``sums`` / ``contributions`` (what a message's payload holds),
+``blocks`` and ``contributions`` (what a message's payload holds; sums of
+random floats are ``ringlab.sums``),
 ``broadcast`` and ``reductions`` (what the graders of broadcasts and of
 reductions share), ``sharded``, ``measured`` and ``units`` (what the graders
 of ZeRO-1/2/3 and HSDP share: cases, reference, message labels; the measured

@@ -4,7 +4,8 @@ vector, and the reports of a wrong sum: the numbers, and "every message was righ
 
 import numpy as np
 
-from . import contributions as contrib, sums
+from . import contributions as contrib
+from ... import sums
 from .checks import _ranks
 from .frames import changed_in_place
 from .report import Case, Failure, numbers
@@ -21,7 +22,7 @@ def ring_cases(rng):
         if n == 4:
             lengths.append(0)
         for length in lengths:
-            # Random floats: every partial sum tells whose contributions it holds (sums.py).
+            # Random floats: every partial sum tells whose contributions it holds (ringlab.sums).
             inputs = sums.random_vectors(rng, n, length)
             yield Case(n, inputs, f"world_size={n}, length={length}")
 
@@ -84,7 +85,7 @@ def ring_partial_sums(result, case, length, name):
     at step s <= N-1 the sender's and those of the s-1 ranks before it on the
     ring (the side the message comes from), at a later step (AllReduce's
     all-gather) all N. Read from the recorded payloads, on random float data,
-    so nothing but the real partial sums can pass (see ``sums.py``). ``name``:
+    so nothing but the real partial sums can pass (see ``ringlab.sums``). ``name``:
     "ring AllReduce" or "ring ReduceScatter"."""
     if result.payloads is None:
         return None
