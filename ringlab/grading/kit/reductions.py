@@ -38,6 +38,13 @@ def chunk_slices(length, n):
     return [slice(int(bounds[c]), int(bounds[c + 1])) for c in range(n)]
 
 
+def ring_members(e, n, count):
+    """The ``count`` ranks whose contributions ring message ``e`` has collected: its
+    sender and the ranks before it on the side the message comes from."""
+    side = 1 if e.dst == (e.src + 1) % n else -1
+    return [(e.src - k * side) % n for k in range(count)]
+
+
 def decoded_messages(res, n):
     """[(event, its payload decoded by the contribution probe)] of the messages of a
     probe run that carry something, in trace order."""
@@ -94,8 +101,7 @@ def ring_partial_sums(result, case, length, name):
     for e in result.trace:
         p = result.payload(e)
         if e.step < n:
-            side = 1 if e.dst == (e.src + 1) % n else -1
-            members = [(e.src - j * side) % n for j in range(e.step)]
+            members = ring_members(e, n, e.step)
             want = (f"at step {e.step} a {name} message holds {e.step} contribution(s): rank {e.src}'s own "
                     + (f"and those of the {e.step - 1} rank(s) before it on the ring, "
                        f"{_ranks([m for m in members[1:]])}" if e.step > 1 else "only"))
