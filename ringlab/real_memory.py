@@ -5,11 +5,12 @@ really allocates, for a learner who wants to see a peak drop (free a ZeRO-2
 bucket as soon as its ReduceScatter is done) and for the graders, who cannot
 believe a report: a program that holds the whole model (ZeRO) or the whole
 sequence (ring attention) simply would not report it. ``tracemalloc`` sees
-every allocation of Python objects and numpy arrays, but for the whole process, and in ``ringlab.run`` all ranks share one
-process. The simulator, though, runs one rank at a time and switches only
-inside communication calls. So ``MemoryProbe`` wraps a rank's ``comm``: each
-call ends a *segment* of that rank's code, and the change in traced memory
-over the segment (and the peak within it) is charged to that rank. What
+every allocation of Python objects and numpy arrays, but for the whole process,
+and in ``ringlab.run`` all ranks share one process. The simulator, though, runs
+one rank at a time and switches only inside communication calls. So
+``MemoryProbe`` wraps a rank's ``comm``: each call ends a *segment* of that
+rank's code, and the change in traced memory over the segment (and the peak
+within it) is charged to that rank. What
 happens inside the calls (the simulator's copies, other ranks' segments) is
 charged to no one. An array a call hands over (a received message) is
 copied by the probe and charged to the receiver, since the receiver holds it

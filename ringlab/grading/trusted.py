@@ -281,10 +281,12 @@ def _graded(exercise, submission, seed, memory_mb, lang):
                          runner=runner(memory_mb, banned_answers(exercise)))
     report.lang = lang
     f = report.failure
-    result = "passed" if report.passed else "not implemented" if report.not_implemented else "failed"
-    return dict(result=result, reason="" if f is None else f"{f.case}: {f.what}".split("\n")[0][:300],
-                cases_passed=report.cases_passed, cases_total=report.cases_total,
-                failed_check=f.check if f else "", seed=report.seed, text=str(report))
+    result = ("passed" if report.passed else "not implemented" if report.not_implemented
+              else "failed")
+    reason = "" if f is None else f"{f.case}: {f.what}".split("\n")[0][:300]
+    return dict(result=result, reason=reason, cases_passed=report.cases_passed,
+                cases_total=report.cases_total, failed_check=f.check if f else "",
+                seed=report.seed, text=str(report))
 
 
 def banned_answers(exercise):
