@@ -80,6 +80,14 @@ class DeadlockError(RinglabError):
             + "\n".join(lines) + done
         )
 
+    def explain(self):
+        """``(words, hint)``: the deadlock in plain words ("In plain words: rank 2
+        waits for a message from rank 1, which has finished without sending it.",
+        or "" where the waits say nothing plainer) and what to try; see
+        ``ringlab.deadlock``."""
+        from .deadlock import explain
+        return explain(self)
+
 
 class ProgramTimeout(RinglabError):
     """The program did not finish within the time limit (an infinite loop?)."""

@@ -222,7 +222,6 @@ def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, s
     ``reason`` and ``failed_check`` stay English, for an instructor's tables."""
     import nbformat
     from .kit.language import LANGUAGES, language
-    from .kit.loop import grade_cases
 
     prepare()
     start = time.monotonic()
@@ -269,15 +268,25 @@ def grade_notebook(path, *, timeout=600, memory_mb=512, kernel_memory_mb=4096, s
             elif not_their_own(info, data, exercise):
                 row(exercise, "failed", not_their_own(info, data, exercise), **common)
             else:
-                report = grade_cases(exercise, grader_module(exercise), Submission(data, name), seed=seed,
-                                     runner=runner(memory_mb, banned_answers(exercise)))
-                report.lang = lang
-                f = report.failure
-                result = "passed" if report.passed else "not implemented" if report.not_implemented else "failed"
-                row(exercise, result, "" if f is None else f"{f.case}: {f.what}".split("\n")[0][:300],
-                    cases_passed=report.cases_passed, cases_total=report.cases_total,
-                    failed_check=f.check if f else "", seed=report.seed, text=str(report), **common)
+                row(exercise, **_graded(exercise, Submission(data, name), seed, memory_mb, lang),
+                    **common)
     return rows
+
+
+def _graded(exercise, submission, seed, memory_mb, lang):
+    """A row's ``result``, ``reason`` and report fields for one submission, graded in
+    processes of its own."""
+    from .kit.loop import grade_cases
+    report = grade_cases(exercise, grader_module(exercise), submission, seed=seed,
+                         runner=runner(memory_mb, banned_answers(exercise)))
+    report.lang = lang
+    f = report.failure
+    result = ("passed" if report.passed else "not implemented" if report.not_implemented
+              else "failed")
+    reason = "" if f is None else f"{f.case}: {f.what}".split("\n")[0][:300]
+    return dict(result=result, reason=reason, cases_passed=report.cases_passed,
+                cases_total=report.cases_total, failed_check=f.check if f else "",
+                seed=report.seed, text=str(report))
 
 
 def banned_answers(exercise):

@@ -76,13 +76,15 @@ import numpy as np
 from ..answers import answer
 from ..collectives import ring_allgather, ring_reduce_scatter
 from ..data_parallel.sync_sgd import shard
-from ..nn import Adam, FlatBuffer, mlp_model, mse
+from ..nn import Adam, mlp_model, mse
+from .units import UnitShard, UnitShards, unit_layers
 
 
-class Unit:
+class Unit(UnitShard):
     """One FSDP unit: a layer with parameters and the parameter-free layers after
     it. Its parameters are one flat vector of ``padded`` numbers (``numel`` real
-    ones, then zeros up to a multiple of N), of which this rank keeps ``shard``.
+    ones, then zeros up to a multiple of N), of which this rank keeps ``shard``
+    (the layout is ``units.UnitShard``'s).
 
     ``unshard`` puts the full parameters into the layer, ``reshard`` frees
     them (and the full gradients): in between, the layer runs as usual.
@@ -97,23 +99,13 @@ class Unit:
     """
 
     def __init__(self, name, layers, rank, world_size, compute_time=0.0, master_dtype=None):
-        self.name, self.layers, self.compute_time = name, layers, compute_time
-        self.rank, self.world_size = rank, world_size
-        flat = FlatBuffer(layers[0].params, pad_to=world_size)   # FSDP's FlatParameter
-        self.shapes, self.offsets, self.sizes = flat.shapes, flat.offsets, flat.sizes
-        self.numel, self.padded = flat.numel, len(flat)
-        self.shard = flat.shard(rank, world_size).copy()   # mine: the parameters gathered
+        super().__init__(name, layers, rank, world_size)
+        self.compute_time = compute_time
         # The optimizer's copy: the shard itself, unless the master is in another precision.
         separate = master_dtype is not None and np.dtype(master_dtype) != self.shard.dtype
         self.master = self.shard.astype(master_dtype) if separate else None
-        self.grad_shard = np.zeros_like(self.shard)        # my part of the summed gradient
         self.full = self.full_grad = None                  # the gathered vectors, when held
         self._prefetch = None                               # an AllGather in flight
-        self._drop()                                        # the full init is not kept
-
-    @property
-    def layer(self):
-        return self.layers[0]
 
     # -- parameters: sharded <-> full --------------------------------------------------------
     @answer('zero3_step')
@@ -136,7 +128,7 @@ class Unit:
             comm.alloc("params.full", self._full_bytes)
             full = ring_allgather(comm, self.shard)
         self.full = full
-        self.layer.params.update(self._views(self.full))
+        self.layer.params.update(self.views(self.full))
 
     @answer('zero3_step')
     def reshard(self, comm):
@@ -157,11 +149,6 @@ class Unit:
     def _full_bytes(self):
         return self.padded * self.shard.itemsize
 
-    def _views(self, flat):
-        """The layer's named arrays as views into a full flat vector."""
-        return {name: flat[start:start + self.sizes[name]].reshape(self.shapes[name])
-                for name, start in self.offsets.items()}
-
     # -- compute ---------------------------------------------------------------------------------
     @answer('zero3_step')
     def forward(self, comm, x):
@@ -179,13 +166,13 @@ class Unit:
             comm.compute(2 * self.compute_time, "backward", layer=self.name)
         self.full_grad = np.zeros(self.padded, self.shard.dtype)
         comm.alloc("grads.full", self.full_grad)
-        self.layer.grads.update(self._views(self.full_grad))
+        self.layer.grads.update(self.views(self.full_grad))
         for layer in reversed(self.layers):
             dy = layer.backward(dy)
         return dy
 
 
-class ShardedModel:
+class ShardedModel(UnitShards):
     """A ``Sequential`` cut into ``units`` (one per layer with parameters), each
     rank holding its shard of each: what ``FSDP(model)`` wraps.
 
@@ -205,16 +192,7 @@ class ShardedModel:
     def __init__(self, model, rank, world_size, *, prefetch=True, reshard_after_forward=True,
                  compute_time=0.0, master_dtype=None):
         self.prefetch, self.reshard_after_forward = prefetch, reshard_after_forward
-        groups = []
-        for i, layer in enumerate(model.layers):
-            if layer.params:
-                groups.append((str(i), [layer]))
-            elif groups:
-                groups[-1][1].append(layer)         # GeLU & co. join the unit before them
-            else:
-                raise ValueError(f"rank {rank}: layer {i} ({type(layer).__name__}) has no "
-                                 f"parameters and no unit before it; the first layer must "
-                                 f"have some")
+        groups = unit_layers(model, rank)
         times = np.broadcast_to(compute_time, len(groups)) if np.ndim(compute_time) == 0 \
             else np.asarray(compute_time)
         if len(times) != len(groups):
@@ -222,13 +200,6 @@ class ShardedModel:
                              f"per unit: {len(groups)} (or one number)")
         self.units = [Unit(name, layers, rank, world_size, t, master_dtype)
                       for (name, layers), t in zip(groups, times)]
-
-    def shards(self):
-        """``{unit name: parameter shard}``: what the optimizer updates."""
-        return {u.name: u.shard for u in self.units}
-
-    def grad_shards(self):
-        return {u.name: u.grad_shard for u in self.units}
 
     def masters(self):
         """``{unit name: master shard}``: the shards themselves, or their separate

@@ -24,7 +24,7 @@ Checks, on world sizes 1 to 8 and several lengths, with fresh random data:
    step s of the reduce-scatter, over all N in the all-gather (read from the
    recorded payloads, in the simulator).
 
-The data are random floats (see ``sums.py``): nothing can travel in fewer
+The data are random floats (see ``ringlab.sums``): nothing can travel in fewer
 bytes than the algorithm sends, and every partial sum says whose
 contributions it holds; sums are compared up to their rounding.
 
@@ -36,7 +36,8 @@ chunks, which a program may skip).
 
 import numpy as np
 
-from ..kit import checks, contributions as contrib, reductions, sums
+from ... import sums
+from ..kit import checks, contributions as contrib, reductions
 from ..kit.reductions import right_messages_wrong_result, wrong_values
 from ..kit.report import numbers
 from ..kit.running import check_outputs_shape, run_case

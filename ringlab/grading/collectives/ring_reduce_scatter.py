@@ -19,7 +19,7 @@ Checks, on world sizes 1 to 8 and several lengths, with fresh random data:
 6. total bytes (N-1) L * 8: every chunk crosses N-1 links;
 7. every message at step s carries one chunk summed over exactly the
    sender's and the s-1 previous ranks' contributions (read from the recorded
-   payloads, in the simulator; random float data, see ``sums.py``).
+   payloads, in the simulator; random float data, see ``ringlab.sums``).
 
 Any correct ring ReduceScatter passes: either direction, send/recv or
 isend/irecv or sendrecv, in place or not, labelled or not. Checks 4-7 apply
@@ -28,7 +28,8 @@ when L >= N (shorter vectors have empty chunks, which a program may skip).
 
 import numpy as np
 
-from ..kit import checks, contributions as contrib, reductions, sums
+from ... import sums
+from ..kit import checks, contributions as contrib, reductions
 from ..kit.reductions import (chunk_sizes, chunk_slices, decoded_messages, right_messages_wrong_result,
                               wrong_values)
 from ..kit.reductions import ring_cases

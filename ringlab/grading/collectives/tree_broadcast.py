@@ -26,7 +26,7 @@ one message per tree edge it is fixed by the tree, about 2 log2 N; see
 """
 
 from ..kit import broadcast
-from ..kit.deadlock import waits_for
+from ...deadlock import waits_for
 from ..kit.report import Failure
 from ...errors import DeadlockError
 

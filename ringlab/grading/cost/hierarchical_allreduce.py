@@ -45,7 +45,7 @@ import functools
 
 import numpy as np
 
-from ..kit import sums
+from ... import sums
 from ..kit.driver import callable_learner
 from ..kit.reductions import chunk_slices, wrong_values
 from ..kit.frames import without_grader_frames

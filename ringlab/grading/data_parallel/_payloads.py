@@ -11,6 +11,7 @@ knows each rank's vector (its weighted gradient), so it can check that.
 
 import numpy as np
 
+from ..kit.reductions import ring_members
 from ..kit.report import Failure, numbers
 
 
@@ -57,11 +58,7 @@ def check_allreduces(result, case, per_rank, operands, scales, what, hint):
             call, i = divmod(j, per_call)
             if call >= len(operands):
                 break
-            if i < n - 1:
-                side = 1 if e.dst == (e.src + 1) % n else -1
-                members = [(e.src - k * side) % n for k in range(i + 1)]
-            else:
-                members = list(range(n))
+            members = ring_members(e, n, i + 1) if i < n - 1 else list(range(n))
             p = result.payload(e)
             if any(_is_partial_sum(p, alt, members, scales) for alt in operands[call]):
                 continue

@@ -22,6 +22,7 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
+from ..kit.reductions import chunk_slices as pieces   # what a ring AllReduce over R sends
 from ..kit.report import Failure, numbers
 
 TOL = 1e-8          # relative to the numbers added: sums in another order round differently
@@ -29,12 +30,6 @@ TOL = 1e-8          # relative to the numbers added: sums in another order round
 
 def where(r, S):
     return f"rank {r} (replica {r // S}, shard {r % S})"
-
-
-def pieces(m, R):
-    """The slices of a shard of m numbers that a ring AllReduce over R ranks sends."""
-    bounds = np.cumsum([0] + [len(c) for c in np.array_split(np.zeros(m), R)])
-    return [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def scaled_sum(p, parts):

@@ -33,7 +33,7 @@ K/V, the shape drawn too):
 7. volume: every rank sends the K and V of c - 1 blocks (its own and the
    c - 2 it received before the last hop), 2(c-1) b h n d x 8 bytes, causal
    or not (the ring moves in lock-step), and so receives every other rank's;
-8. memory, measured per rank with tracemalloc (``kit/memory.py``, as for ZeRO),
+8. memory, measured per rank with tracemalloc (``ringlab.real_memory``, as for ZeRO),
    on 16 ranks: at most 14 K/V blocks and 4 blocks of scores (b h n n) above
    the inputs (the ring's programs hold about 8 and 3, whatever c), while a
    rank that keeps its queries' whole row of scores (b h n s: 16 blocks of
@@ -57,7 +57,7 @@ from ..kit.driver import callable_learner
 from ..kit.frames import without_grader_frames
 from ..kit.report import Case, Failure, numbers
 from ..kit.running import check_outputs_shape, run_case
-from ..kit.memory import Ledger, MemoryProbe, tampered
+from ...real_memory import Ledger, MemoryProbe, tampered
 from ...frontier import layout
 
 NAME = "ring_attention"

@@ -10,12 +10,36 @@ copies of the padded model.
 import numpy as np
 
 from . import sharded as C
-from .measured import SLACK, resident_loaded, resident_marks
+from .driver import callable_learner
+from .measured import SLACK, measured_steps, resident_loaded, resident_marks
 from .report import Failure
+from ...nn import Adam, mlp_model
 
 
 def _state(stage):
     return f"the state you were handed stays {stage}'s"
+
+
+def train_on_master(comm, steps, spec, learner, stage, master_of):
+    """What every rank of ZeRO-1 and ZeRO-2 runs: a replica, Adam over its flat master
+    shard, the learner's steps. ``master_of(model, comm, spec)``: the rank's master
+    shard and the keyword arguments the learner gets besides ``(comm, model, opt, x,
+    y, batch_size)``."""
+    learner = callable_learner(learner)
+    r = comm.rank
+    model = mlp_model(spec["sizes"], np.random.default_rng(spec["seed"]))
+    master, kwargs = master_of(model, comm, spec)
+    master = master.copy()
+    opt = Adam(master, spec["lr"])
+    shapes = {k: v.shape for k, v in model.named_parameters().items()}
+    bad, memory_ = measured_steps(
+        comm, spec, 8 * sum(v.size for v in model.named_parameters().values()), steps,
+        lambda c, x, y, batch: learner(c, model, opt, x, y, batch, **kwargs),
+        lambda t: shard_state(opt, master, t, r, stage) or model_state(model, shapes, r, stage))
+    if bad:
+        return bad
+    flat = np.concatenate([np.ravel(p) for p in model.named_parameters().values()])
+    return [np.zeros(0), flat, master.copy(), memory_]
 
 
 def shard_state(opt, master, t, r, stage="ZeRO-1"):

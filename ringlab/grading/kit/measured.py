@@ -1,14 +1,14 @@
 """Real memory, measured per rank, for the ZeRO and HSDP graders: the step loop that
 measures (``measured_steps``) and, under ``ringlab grade``, each rank process's
 resident memory read from outside. The per-rank ledger and the probe that
-wraps a rank's ``comm`` are the kit's (``kit/memory.py``), shared with the
+wraps a rank's ``comm`` are ``ringlab.real_memory``'s, shared with the
 ring attention grader.
 """
 
 import numpy as np
 
 from ...backends.isolated import mark
-from .memory import Ledger, MemoryProbe, tampered
+from ...real_memory import Ledger, MemoryProbe, tampered
 from .report import Failure
 from .sharded import report_problem
 

@@ -4,7 +4,8 @@ vector, and the reports of a wrong sum: the numbers, and "every message was righ
 
 import numpy as np
 
-from . import contributions as contrib, sums
+from . import contributions as contrib
+from ... import sums
 from .checks import _ranks
 from .frames import changed_in_place
 from .report import Case, Failure, numbers
@@ -21,7 +22,7 @@ def ring_cases(rng):
         if n == 4:
             lengths.append(0)
         for length in lengths:
-            # Random floats: every partial sum tells whose contributions it holds (sums.py).
+            # Random floats: every partial sum tells whose contributions it holds (ringlab.sums).
             inputs = sums.random_vectors(rng, n, length)
             yield Case(n, inputs, f"world_size={n}, length={length}")
 
@@ -35,6 +36,13 @@ def chunk_slices(length, n):
     """The slices of the N chunks np.array_split cuts a vector of ``length`` into."""
     bounds = np.cumsum([0] + chunk_sizes(length, n))
     return [slice(int(bounds[c]), int(bounds[c + 1])) for c in range(n)]
+
+
+def ring_members(e, n, count):
+    """The ``count`` ranks whose contributions ring message ``e`` has collected: its
+    sender and the ranks before it on the side the message comes from."""
+    side = 1 if e.dst == (e.src + 1) % n else -1
+    return [(e.src - k * side) % n for k in range(count)]
 
 
 def decoded_messages(res, n):
@@ -84,7 +92,7 @@ def ring_partial_sums(result, case, length, name):
     at step s <= N-1 the sender's and those of the s-1 ranks before it on the
     ring (the side the message comes from), at a later step (AllReduce's
     all-gather) all N. Read from the recorded payloads, on random float data,
-    so nothing but the real partial sums can pass (see ``sums.py``). ``name``:
+    so nothing but the real partial sums can pass (see ``ringlab.sums``). ``name``:
     "ring AllReduce" or "ring ReduceScatter"."""
     if result.payloads is None:
         return None
@@ -93,8 +101,7 @@ def ring_partial_sums(result, case, length, name):
     for e in result.trace:
         p = result.payload(e)
         if e.step < n:
-            side = 1 if e.dst == (e.src + 1) % n else -1
-            members = [(e.src - j * side) % n for j in range(e.step)]
+            members = ring_members(e, n, e.step)
             want = (f"at step {e.step} a {name} message holds {e.step} contribution(s): rank {e.src}'s own "
                     + (f"and those of the {e.step - 1} rank(s) before it on the ring, "
                        f"{_ranks([m for m in members[1:]])}" if e.step > 1 else "only"))

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...errors import DeadlockError, ProgramTimeout, RankError, UnreceivedMessagesError
 from ...runner import run
-from . import apart, deadlock
+from . import apart
 from .frames import without_grader_frames
 from .report import Failure, NotImplementedYet
 
@@ -71,7 +71,7 @@ def run_case(program, case, backend="sim", **kw):
                              hint="Read the last line of your code in the traceback above; the "
                                   "error happened there, on the rank named.", error=e)
     except DeadlockError as e:
-        words, hint = deadlock.explain(e)
+        words, hint = e.explain()
         return None, Failure(case.label, "no deadlock", str(e) + (f"\n{words}" if words else ""),
                              hint=hint, error=e)
     except ProgramTimeout as e:

@@ -14,6 +14,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from .reductions import ring_members
 from .report import Case, Failure, numbers
 
 from .running import run_case
@@ -316,8 +317,7 @@ class _Index:
         (weights n_r instead of n_r / B, divided after). Rounding allowed
         relative to the numbers added (``largest``: each rank's largest |gradient|)."""
         n = self.n
-        side = 1 if e.dst == (e.src + 1) % n else -1
-        members = [(e.src - k * side) % n for k in range(min(i + 1, n))]
+        members = ring_members(e, n, min(i + 1, n))
         parts = grads.reshape(len(grads), n, -1)[:, :, where][members]    # columns first: cheap
         total = parts.sum(axis=0)
         tol = 1e-7 * np.abs(parts).sum(axis=0) + 1e-12 * (largest[members].max() + 1e-300)

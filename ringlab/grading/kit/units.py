@@ -1,7 +1,8 @@
 """FSDP units, as ZeRO-3's and HSDP's graders hand them to a program and check
-what it leaves: ``ShardedModel`` (the data of ``ringlab.zero.ShardedModel``
-without its communication, which is the exercise), the state after a step,
-the order of a rank's AllGathers and ReduceScatters, and its measured memory.
+what it leaves: ``ShardedModel`` (``ringlab.zero.units.UnitShards``: the data of
+``ringlab.zero.ShardedModel`` without its communication, which is the exercise),
+the state after a step, the order of a rank's AllGathers and ReduceScatters, and
+its measured memory.
 """
 
 import numpy as np
@@ -9,7 +10,7 @@ import numpy as np
 from . import sharded as C
 from .measured import SLACK, resident_loaded, resident_marks, resident_peak
 from .report import Failure
-from ...nn import FlatBuffer
+from ...zero.units import UnitShards
 
 # Peak bound: this many full units (parameters, gradient, a collective's buffers),
 # plus the activations, plus slack for Python's own objects. Right programs peak
@@ -19,49 +20,9 @@ from ...nn import FlatBuffer
 PEAK_UNITS, KEEP_UNITS = 8, 4
 
 
-class Unit:
-    """One FSDP unit: ``layers`` (a Linear, then the GeLU after it), ``layer``
-    (the Linear), ``numel``/``padded`` its parameters without/with padding,
-    ``shard`` this rank's 1/N of them, ``grad_shard`` its 1/N of the summed
-    gradient (fill it), ``shapes``/``sizes``/``offsets`` the layout of the flat
-    vector. ``views(flat)``: ``{name: view}`` into a full flat vector."""
-
-    def __init__(self, name, layers, rank, world_size):
-        self.name, self.layers = name, layers
-        flat = FlatBuffer(layers[0].params, pad_to=world_size)
-        self.shapes, self.offsets, self.sizes = flat.shapes, flat.offsets, flat.sizes
-        self.numel, self.padded = flat.numel, len(flat)
-        self.shard = flat.shard(rank, world_size).copy()
-        self.grad_shard = np.zeros_like(self.shard)
-        for k in self.shapes:
-            self.layer.params[k] = self.layer.grads[k] = None
-
-    @property
-    def layer(self):
-        return self.layers[0]
-
-    def views(self, flat):
-        return {k: flat[o:o + self.sizes[k]].reshape(self.shapes[k])
-                for k, o in self.offsets.items()}
-
-
-class ShardedModel:
-    """``units``, and ``shards()`` / ``grad_shards()``: ``{unit name: array}``."""
-
-    def __init__(self, model, rank, world_size):
-        groups = []
-        for i, layer in enumerate(model.layers):
-            if layer.params:
-                groups.append((str(i), [layer]))
-            else:
-                groups[-1][1].append(layer)
-        self.units = [Unit(name, layers, rank, world_size) for name, layers in groups]
-
-    def shards(self):
-        return {u.name: u.shard for u in self.units}
-
-    def grad_shards(self):
-        return {u.name: u.grad_shard for u in self.units}
+# The data-only units the exercises get (their communication is the exercise), under
+# the name the exercises use: ``ShardedModel(model, rank, world_size)``.
+ShardedModel = UnitShards
 
 
 def state(model, opt, shards, t, r, stage="ZeRO-3", share="1/N"):

@@ -12,7 +12,7 @@ def mlp_widths(rng, n, layers):
 def measured_widths(rng, layers):
     """The measured cases' widths: ``layers - 2`` units of 0.5 MB (250 x 250), so
     that the whole model (12 MB at 25 layers) is plain next to one unit in a
-    process's resident memory too (``ringlab grade``, memory.py)."""
+    process's resident memory too (``ringlab grade``, ``ringlab.real_memory``)."""
     return [24] + [250] * (layers - 1) + [int(rng.integers(5, 8))]
 
 

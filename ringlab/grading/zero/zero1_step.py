@@ -39,11 +39,9 @@ import numpy as np
 
 from ..kit.report import Failure
 
-from ..kit.driver import callable_learner
 from ..kit import sharded as C
-from ..kit.master_shard import memory, model_state, same_on_every_rank, shard_state
-from ..kit.measured import measured_steps
-from ...nn import Adam, FlatBuffer, flatten, mlp_model
+from ..kit.master_shard import memory, same_on_every_rank, train_on_master
+from ...nn import FlatBuffer
 
 NAME = "zero1_step"
 # Part 1's collectives are the tools; ringlab.zero holds the answers.
@@ -70,19 +68,12 @@ def cases(rng):
 
 def _train(comm, steps, spec, learner):
     """What every rank runs: a replica, Adam over its master shard, the learner's steps."""
-    learner = callable_learner(learner)
-    n, r = comm.world_size, comm.rank
-    model = mlp_model(spec["sizes"], np.random.default_rng(spec["seed"]))
-    master = FlatBuffer(model.named_parameters(), pad_to=n).shard(r, n).copy()
-    opt = Adam(master, spec["lr"])
-    shapes = {k: v.shape for k, v in model.named_parameters().items()}
-    bad, memory = measured_steps(
-        comm, spec, 8 * sum(v.size for v in model.named_parameters().values()), steps,
-        lambda c, x, y, batch: learner(c, model, opt, x, y, batch),
-        lambda t: shard_state(opt, master, t, r) or model_state(model, shapes, r))
-    if bad:
-        return bad
-    return [np.zeros(0), flatten(model.named_parameters()).data.copy(), master.copy(), memory]
+    return train_on_master(comm, steps, spec, learner, "ZeRO-1", _master)
+
+
+def _master(model, comm, spec):
+    n = comm.world_size
+    return FlatBuffer(model.named_parameters(), pad_to=n).shard(comm.rank, n), {}
 
 
 def check(program, case, backend="sim"):

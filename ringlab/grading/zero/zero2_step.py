@@ -45,13 +45,10 @@ the values, messages and memory it checks are still its own measurements.
 import numpy as np
 
 from ..kit.report import Failure
-from ..kit.driver import callable_learner
 from ..kit.widths import mlp_widths
 from ..kit import sharded as C
-from ..kit.measured import measured_steps
-from ..kit.master_shard import memory, model_state, same_on_every_rank, shard_state
+from ..kit.master_shard import memory, same_on_every_rank, train_on_master
 from ...cost.alpha_beta import AlphaBeta
-from ...nn import Adam, mlp_model
 from ...zero.zero2 import BucketShards
 
 NAME = "zero2_step"
@@ -107,23 +104,13 @@ def cases(rng):
 
 
 def _train(comm, steps, spec, learner):
-    learner = callable_learner(learner)
-    n, r = comm.world_size, comm.rank
-    model = mlp_model(spec["sizes"], np.random.default_rng(spec["seed"]))
-    layout = BucketLayout(model.named_parameters(), n, spec["segments"])
-    master = layout.master_shard(model.named_parameters(), r).copy()
-    opt = Adam(master, spec["lr"])
-    shapes = {k: v.shape for k, v in model.named_parameters().items()}
-    bad, memory_ = measured_steps(
-        comm, spec, 8 * sum(v.size for v in model.named_parameters().values()), steps,
-        lambda c, x, y, batch: learner(c, model, opt, x, y, batch, layout=layout,
-                                       flops_per_second=FLOPS),
-        lambda t: (shard_state(opt, master, t, r, "ZeRO-2")
-                   or model_state(model, shapes, r, "ZeRO-2")))
-    if bad:
-        return bad
-    flat = np.concatenate([np.ravel(p) for p in model.named_parameters().values()])
-    return [np.zeros(0), flat, master.copy(), memory_]
+    return train_on_master(comm, steps, spec, learner, "ZeRO-2", _master)
+
+
+def _master(model, comm, spec):
+    layout = BucketLayout(model.named_parameters(), comm.world_size, spec["segments"])
+    return (layout.master_shard(model.named_parameters(), comm.rank),
+            dict(layout=layout, flops_per_second=FLOPS))
 
 
 def check(program, case, backend="sim"):

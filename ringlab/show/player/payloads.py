@@ -44,6 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...sums import SubsetSums
+
 MAX_SUBSET_RANKS = 12          # 2^12 subsets to try per message
 MAX_TABLE = 1 << 22            # subsets x vector length: the table of all subset sums
 MAX_CELLS = 64                 # as the player's MAX_CHUNKS
@@ -198,12 +200,11 @@ def _sum_mode(trace, res, xs, payloads):
     if (1 << n) * length > MAX_TABLE:
         return Contributions("sum", [], [], [None] * len(trace), [None] * len(trace), [],
                              f"Too big to read back sums: {n} ranks x {length} elements.")
-    # Every subset's sum, for every element: table[subset, i]. A payload of
-    # length m is then a row of table[:, o:o+m] for some subset and offset o.
-    subsets = np.array(list(itertools.product((0, 1), repeat=n)), dtype=np.float64)[:, ::-1]
-    table = subsets @ np.stack(xs)
-    found = [_find_sum(p, table, subsets) for p in payloads]
-    outputs = [_find_sum(_flat(y), table, subsets) if y is not None else None for y in res.outputs]
+    # Every subset's sum, for every element: a payload of length m is then the
+    # slice o:o+m of one subset's sum (ringlab.sums, as the graders read sums).
+    table = SubsetSums(xs)
+    found = [table.find(p) for p in payloads]
+    outputs = [table.find(_flat(y)) if y is not None else None for y in res.outputs]
     bounds = {0, length}
     for f in found:
         if f:
@@ -219,23 +220,6 @@ def _sum_mode(trace, res, xs, payloads):
     note = (f"{bad} message(s) carry values that are not a sum of the same slice of some ranks' "
             f"inputs (a rank counted twice? inputs that are not all different?)." if bad else "")
     return Contributions("sum", labels, cells, carried, ops, h, note)
-
-
-def _find_sum(p, table, subsets):
-    """``(start, stop, ranks)`` if ``p`` is one subset's sum over one slice, else None
-    (also None if several subsets or slices fit: the inputs cannot tell them apart)."""
-    if p is None or not 0 < len(p) <= table.shape[1]:
-        return None
-    m = len(p)
-    tol = 1e-9 * (1 + np.abs(p).max())
-    # Candidates by the first element, then checked on the whole slice.
-    hits = np.argwhere(np.abs(table[:, : table.shape[1] - m + 1] - p[0]) <= tol)
-    fits = [(s, o) for s, o in hits if np.all(np.abs(table[s, o:o + m] - p) <= tol)]
-    if len(fits) != 1 or not subsets[fits[0][0]].any():
-        return None
-    s, o = fits[0]
-    ranks = frozenset(int(r) for r in np.flatnonzero(subsets[s]))
-    return int(o), int(o) + m, ranks
 
 
 def _replay_sums(trace, cells, carried, outputs):

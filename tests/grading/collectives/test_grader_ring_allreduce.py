@@ -124,7 +124,7 @@ def test_failed_runs_carry_the_trace_so_far():
 
 def test_deadlock_in_plain_words_follows_the_waits():
     from ringlab.errors import DeadlockError, Wait
-    from ringlab.grading.kit import deadlock
+    from ringlab import deadlock
     chain = DeadlockError({0: Wait("recv", 1, "waits in recv(src=1) (its clock: step 2)"),
                            1: Wait("send", 2, "waits until rank 2 receives what it sent (its clock: step 2)")},
                           [2])

@@ -3,11 +3,13 @@
 ``DeadlockError.waiting`` lists what each blocked rank waits in; this module
 follows those waits from rank to rank ("rank 2 waits for rank 1, which has
 finished") and reads the messages still in flight from the error's trace
-(a message nobody receives, sent to a rank that waits for someone else)::
+(a message nobody receives, sent to a rank that waits for someone else).
+Every ``DeadlockError`` says it: ``err.explain()`` (the graders' reports add it
+to the error's own text)::
 
     >>> from ringlab.errors import DeadlockError, Wait
     >>> err = DeadlockError({2: Wait("recv", 1, "waits in recv(src=1) (its clock: step 0)")}, [0, 1, 3])
-    >>> print(explain(err)[0])
+    >>> print(err.explain()[0])
     In plain words: rank 2 waits for a message from rank 1, which has finished without sending it.
 """
 

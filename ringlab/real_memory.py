@@ -1,13 +1,16 @@
 """Real memory, measured per rank: what a rank's own code allocates while it runs.
 
-A grader cannot believe memory a program *reports* (``comm.alloc``): a
-program that holds the whole model (ZeRO) or the whole sequence (ring
-attention) simply would not report it. So the graders measure. ``tracemalloc`` sees every allocation of Python objects and numpy
-arrays, but for the whole process, and in ``ringlab.run`` all ranks share one
-process. The simulator, though, runs one rank at a time and switches only
-inside communication calls. So ``MemoryProbe`` wraps a rank's ``comm``: each
-call ends a *segment* of that rank's code, and the change in traced memory
-over the segment (and the peak within it) is charged to that rank. What
+``comm.alloc`` records the memory a program *reports*; this measures what it
+really allocates, for a learner who wants to see a peak drop (free a ZeRO-2
+bucket as soon as its ReduceScatter is done) and for the graders, who cannot
+believe a report: a program that holds the whole model (ZeRO) or the whole
+sequence (ring attention) simply would not report it. ``tracemalloc`` sees
+every allocation of Python objects and numpy arrays, but for the whole process,
+and in ``ringlab.run`` all ranks share one process. The simulator, though, runs
+one rank at a time and switches only inside communication calls. So
+``MemoryProbe`` wraps a rank's ``comm``: each call ends a *segment* of that
+rank's code, and the change in traced memory over the segment (and the peak
+within it) is charged to that rank. What
 happens inside the calls (the simulator's copies, other ranks' segments) is
 charged to no one. An array a call hands over (a received message) is
 copied by the probe and charged to the receiver, since the receiver holds it
@@ -186,7 +189,7 @@ def _call(ledger, fn, *args, _out=None, _raw=False, _adopt=True, **kwargs):
 
 
 def adopt(ledger, got, out):
-    from ...comm import Comm
+    from .comm import Comm
     if isinstance(got, np.ndarray):
         if got is out:
             return got                          # recv(out=buf): the rank's own buffer

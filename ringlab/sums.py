@@ -1,6 +1,8 @@
 """Sums of random floats: which ranks' contributions a value holds.
 
-The reduction graders feed random float64 data: every element has a random
+The one place that reads "which ranks' inputs does this payload sum": the
+trace player (``ringlab.show.player.payloads``) and the reduction graders ask
+it. The graders feed random float64 data: every element has a random
 sign, a magnitude in [1, 16) and 52 random mantissa bits. Such data cannot
 travel in fewer bytes than the algorithm sends (whole numbers could be packed
 several to a float), and a value can be read back as "the sum over this set
@@ -14,6 +16,10 @@ of ranks" and no other:
   any two different sets of ranks are at least ``GAP`` apart, a million times
   the largest tolerance. A value within tolerance of one set's sum is then
   much closer to it than to any other set's.
+
+    >>> xs = random_vectors(np.random.default_rng(0), 3, 4)
+    >>> which(xs[0] + xs[2], xs), SubsetSums(xs).find((xs[1] + xs[2])[1:3])
+    ((0, 2), (1, 3, frozenset({1, 2})))
 """
 
 from __future__ import annotations
@@ -33,11 +39,44 @@ def random_vectors(rng, n, length):
             return list(x)
 
 
+def subset_masks(n):
+    """Row m: 1 for the ranks whose bit is set in m, 0 elsewhere (all 2^n sets)."""
+    return (np.arange(2 ** n)[:, None] >> np.arange(n)) & 1
+
+
 def subset_sums(x):
     """Row m: the sum of the rows of ``x`` whose bit is set in m (all 2^n sets)."""
-    n = len(x)
-    masks = (np.arange(2 ** n)[:, None] >> np.arange(n)) & 1
-    return masks @ np.asarray(x, dtype=np.float64)
+    return subset_masks(len(x)) @ np.asarray(x, dtype=np.float64)
+
+
+class SubsetSums:
+    """Every subset's sum of the vectors ``xs`` (all of one length), element by
+    element, with the rounding each may have (as ``holds`` allows it);
+    ``find(p)`` says which slice of which subset's sum ``p`` is."""
+
+    def __init__(self, xs):
+        x = np.stack([np.asarray(v, dtype=np.float64) for v in xs])
+        self.masks = subset_masks(len(x))
+        self.table = self.masks @ x
+        self.tol = self.masks.sum(axis=1)[:, None] * EPS * (self.masks @ np.abs(x))
+
+    def find(self, p):
+        """``(start, stop, ranks)`` if ``p`` (1-D float64) is one non-empty subset's
+        sum over one slice, else None (also None if several subsets or slices
+        fit: the inputs cannot tell them apart)."""
+        width = self.table.shape[1]
+        if p is None or not 0 < len(p) <= width:
+            return None
+        m = len(p)
+        # Candidates by the first element, then checked on the whole slice.
+        hits = np.argwhere(np.abs(self.table[:, : width - m + 1] - p[0])
+                           <= self.tol[:, : width - m + 1])
+        fits = [(s, o) for s, o in hits
+                if np.all(np.abs(self.table[s, o:o + m] - p) <= self.tol[s, o:o + m])]
+        if len(fits) != 1 or not self.masks[fits[0][0]].any():
+            return None
+        s, o = fits[0]
+        return int(o), int(o) + m, frozenset(int(r) for r in np.flatnonzero(self.masks[s]))
 
 
 def holds(values, inputs, members, where=slice(None)):
