@@ -52,6 +52,35 @@ def test_each_chinese_template_keeps_what_varies(english):
     assert all(c in chinese for c in code), [c for c in code if c not in chinese]
 
 
+def _kinds(template, chinese):
+    """Which fields a word marks as a rank or a step: the English's field i follows
+    "rank"/"step"; the Chinese field follows "rank" or sits in "第 {} 步"."""
+    english = [re.search(r"(rank|step)s?\s*$", lit) for lit, f, *_ in
+               string.Formatter().parse(template) if f is not None]
+    english = [m and m.group(1) for m in english]
+    parts, marked, auto = list(string.Formatter().parse(chinese)), {}, 0
+    for k, (lit, f, *_) in enumerate(parts):
+        if f is None:
+            continue
+        i, auto = (int(f) if f else auto), auto + 1
+        after = parts[k + 1][0] if k + 1 < len(parts) else ""
+        kind = ("rank" if re.search(r"rank\s*$", lit)
+                else "step" if re.match(r"\s*步", after) else None)
+        if kind and i < len(english) and english[i] in ("rank", "step"):
+            marked[i] = (english[i], kind)
+    return marked
+
+
+def test_each_field_keeps_its_rank_or_its_step():
+    """"received from rank {} at step {}" must not come out as "at step <rank>": where
+    the Chinese puts the step before the rank, it numbers the fields ({1} ... {0})."""
+    both = [t for t in CATALOG if re.search(r"rank.*step|step.*rank", t)]
+    swapped = {t: CATALOG[t] for t in both
+               if any(e != z for e, z in _kinds(t, CATALOG[t]).values())}
+    assert not swapped, swapped
+    assert sum(bool(_kinds(t, CATALOG[t])) for t in both) > 50     # the check reads them
+
+
 def test_a_text_is_put_into_chinese_whole_with_what_fills_it():
     assert say("every message sent is received", "zh") == "每条发出的消息都被接收"
     # reordered fields, and a field that is itself a catalog text ("4 steps")
