@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import unicodedata
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -96,14 +97,24 @@ def _print_notebook(path, rows, quiet):
             print(f"   (cells that raised: {r['cell_errors']})")
 
 
+def _columns(text):
+    """Terminal columns ``text`` takes: a CJK character (a Chinese file name) takes two.
+
+    >>> _columns("错的.ipynb"), len("错的.ipynb")
+    (10, 8)
+    """
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
 def _summary(rows):
     print("\nSummary")
-    width = max([len(str(r["notebook"])) for r in rows] + [8])
+    width = max([_columns(str(r["notebook"])) for r in rows] + [8])
     print(f"{'notebook':<{width}}  {'exercise':<20} {'result':<16} cases   reason")
     for r in rows:
         cases = f"{r.get('cases_passed')}/{r.get('cases_total')}" if r.get("cases_total") else "-"
-        print(f"{r['notebook']:<{width}}  {r.get('exercise') or '-':<20} {r['result']:<16} {cases:<7} "
-              f"{(r.get('reason') or '')[:70]}")
+        name = str(r["notebook"])
+        print(f"{name}{' ' * (width - _columns(name))}  {r.get('exercise') or '-':<20} "
+              f"{r['result']:<16} {cases:<7} {(r.get('reason') or '')[:70]}")
 
 
 def _grade(args):
