@@ -28,7 +28,7 @@ DTYPES = frozenset(np.dtype(t).str for t in (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64", "complex64", "complex128"))
 MAX_DEPTH = 8                  # lists in lists: enough for any exercise, bounded for safety
-MAX_BYTES = 256 * 2**20        # one message on the pipe, header or array
+MAX_BYTES = 256 * 2**20        # one message on the pipe: a value, its arrays included
 
 
 class WireError(Exception):
@@ -57,26 +57,42 @@ class Opaque:
 
 
 def send(conn, value):
-    """Write ``value`` to ``conn`` (a ``multiprocessing`` connection): a header, then each array."""
+    """Write ``value`` to ``conn`` (a ``multiprocessing`` connection) as one message:
+    a line of sizes, a line of JSON, then each array's bytes. One message, not one
+    per array: a call is a round trip, and every message costs system calls on
+    both sides.
+
+    >>> from multiprocessing import Pipe
+    >>> a, b = Pipe(); send(a, [1, np.zeros(2)]); recv(b)
+    [1, array([0., 0.])]
+    """
     arrays = []
-    header = json.dumps(_encode(value, arrays, 0))
-    conn.send_bytes(json.dumps({"n": len(arrays)}).encode() + b"\n" + header.encode())
-    for a in arrays:
-        conn.send_bytes(memoryview(a).cast("B") if a.size else b"")
+    header = json.dumps(_encode(value, arrays, 0)).encode()
+    sizes = json.dumps({"n": len(arrays), "b": [a.nbytes for a in arrays]}).encode()
+    conn.send_bytes(b"".join([sizes, b"\n", header, b"\n",
+                              *(memoryview(a).cast("B") for a in arrays if a.size)]))
 
 
 def recv(conn):
     """Read one value written by ``send``. Never unpickles anything."""
     raw = conn.recv_bytes(MAX_BYTES)
-    first, _, rest = raw.partition(b"\n")
     try:
-        count = int(json.loads(first)["n"])
-        tree = json.loads(rest)
+        end_sizes = raw.index(b"\n")
+        end_tree = raw.index(b"\n", end_sizes + 1)
+        sizes = json.loads(raw[:end_sizes])
+        count, lengths = int(sizes["n"]), [int(b) for b in sizes["b"]]
+        tree = json.loads(raw[end_sizes + 1:end_tree])
     except (ValueError, KeyError, TypeError) as e:
         raise WireError(f"bad header: {e}") from None
-    if not 0 <= count <= 100_000:
+    if not 0 <= count <= 100_000 or len(lengths) != count or min(lengths, default=0) < 0:
         raise WireError("too many arrays")
-    buffers = [conn.recv_bytes(MAX_BYTES) for _ in range(count)]
+    start, data = end_tree + 1, memoryview(raw)          # slices of it, not copies
+    if start + sum(lengths) != len(raw):
+        raise WireError("array bytes do not match the header")
+    buffers = []
+    for length in lengths:
+        buffers.append(data[start:start + length])
+        start += length
     return _decode(tree, buffers, 0)
 
 

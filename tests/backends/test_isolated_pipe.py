@@ -1,0 +1,51 @@
+"""The isolated runs' wire (ringlab/backends/isolated/pipe.py): one message per value,
+its arrays' bytes included, and nothing but well-formed messages decode."""
+
+import threading
+from multiprocessing import Pipe
+
+import numpy as np
+import pytest
+
+from ringlab.backends.isolated import pipe
+
+
+def through(value):
+    a, b = Pipe()
+    sender = threading.Thread(target=pipe.send, args=(a, value))   # large values fill the pipe
+    sender.start()
+    got = pipe.recv(b)
+    sender.join()
+    assert not b.poll(0), "a value is one message: nothing may follow it"
+    return got
+
+
+def test_values_and_their_arrays_come_back_equal_and_writable():
+    big = np.random.default_rng(0).random(1_450_000)          # ZeRO-3's measured model
+    got = through({"w": big, "parts": [np.arange(6, dtype=np.int32).reshape(2, 3),
+                                       (np.zeros(0), np.array(2.5), "a\nb", None, 3)]})
+    assert np.array_equal(got["w"], big) and got["w"].flags.writeable
+    part, (empty, scalar, text, none, three) = got["parts"]
+    assert part.dtype == np.int32 and part.tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert empty.shape == (0,) and scalar.shape == () and scalar == 2.5
+    assert (text, none, three) == ("a\nb", None, 3)
+
+
+def raw(*frames):
+    a, b = Pipe()
+    a.send_bytes(b"".join(frames))
+    return b
+
+
+@pytest.mark.parametrize("frames, words", [
+    ((b'{"n": 1, "b": [16]}\n{"a": 0, "d": "<f8", "s": [2]}\n', b"\0" * 15), "do not match"),
+    ((b'{"n": 1, "b": [8]}\n{"a": 0, "d": "<f8", "s": [2]}\n', b"\0" * 8), "do not match"),
+    ((b'{"n": 0, "b": []}\nnull\n', b"bytes no header owns"), "do not match the header"),
+    ((b'{"n": 1, "b": [8]}\n{"a": 0, "d": "|O", "s": [1]}\n', b"\0" * 8), "not allowed"),
+    ((b'{"n": 2, "b": [0]}\n[]\n',), "too many arrays"),
+    ((b'{"n": 0, "b": []}\n',), "bad header"),
+    ((b'not json\n[]\n',), "bad header"),
+])
+def test_malformed_messages_raise_wire_error(frames, words):
+    with pytest.raises(pipe.WireError, match=words):
+        pipe.recv(raw(*frames))
