@@ -7,6 +7,8 @@ what you need to find the bug: "rank 2, step 3: recv(src=1) expected ..." .
 
 from typing import NamedTuple
 
+from . import deadlock
+
 
 class Wait(NamedTuple):
     """What one blocked rank waits in: ``kind`` ("recv", "send", "recv_any",
@@ -85,8 +87,7 @@ class DeadlockError(RinglabError):
         waits for a message from rank 1, which has finished without sending it.",
         or "" where the waits say nothing plainer) and what to try; see
         ``ringlab.deadlock``."""
-        from .deadlock import explain
-        return explain(self)
+        return deadlock.explain(self)
 
 
 class ProgramTimeout(RinglabError):
