@@ -26,6 +26,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
+from traitlets.config import Config
 
 from ringlab import cli
 from ringlab.authoring import STUB
@@ -334,7 +335,7 @@ def test_every_notebook_has_its_try_it_expectations():
 
 # -- a wrong program ------------------------------------------------------------------------------
 
-def test_a_wrong_program_fails_its_try_it_cell_visibly():
+def test_a_wrong_program_fails_its_try_it_cell_visibly(tmp_path):
     """A Try-it cell catches only the stub's NotImplementedError: a learner's bug raises (the
     learner, and nbval, see an error), never printed as if it were the cell's output.
 
@@ -353,7 +354,10 @@ def test_a_wrong_program_fails_its_try_it_cell_visibly():
             if id(c) in try_it:
                 watched.append((stem, cells[-1]))
     run = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}})
-    NotebookClient(run, timeout=120, allow_errors=True, resources={"metadata": {"path": str(ROOT)}}).execute()
+    # A kernel on local sockets, as the book's (book/_ext/ipc_kernels.py): no TCP port to lose.
+    config = Config({"KernelManager": {"transport": "ipc", "ip": str(tmp_path / "kernel")}})
+    NotebookClient(run, timeout=120, allow_errors=True, config=config,
+                   resources={"metadata": {"path": str(ROOT)}}).execute()
     exercises = [e for s in SOLUTIONS for e in nbformat.read(s, as_version=4).metadata.ringlab.exercises]
     assert len(watched) == len(exercises), "one Try-it section per exercise"
     quiet = [(stem, text_of(cell)) for stem, cell in watched
