@@ -1,7 +1,8 @@
 """What the four tensor-parallel graders share: cases, driver, value and message checks.
 
 A grader module describes its layer (see ``column_parallel_linear.py``):
-``weights(rng, dims)`` draws the weights, and ``group(weights, rng, dims, t)``
+``MODULE(dims[2], dims[3], rng)`` is the unsharded ``ringlab.nn`` layer, whose
+parameters ``GRADS`` are the weights, and ``group(weights, rng, dims, t)`` draws
 one tensor-parallel group's input and output gradient and returns an
 ``Expected``: each rank's inputs, the outputs the unsharded ``ringlab.nn``
 layer gives for that rank's block, what each pass may communicate (``Pass``)
@@ -54,7 +55,6 @@ from ..kit.report import Case, Failure, numbers
 from ..kit.running import plain_array, run_case
 from ..kit.driver import callable_learner, problem, problem_text
 from ...errors import DeadlockError, RankError
-from ...nn import Linear
 
 TOL = 1e-10
 FORWARD, BACKWARD = "tp-grader.forward", "tp-grader.backward"
@@ -111,7 +111,7 @@ def make_cases(rng, layer, shapes):
     # weights are there) and all-reduces only for show gives wrong values there.
     for i, (t, mesh, dims) in enumerate([*shapes, shapes[0]]):
         dp = 1 if mesh is None else mesh[0]
-        weights = layer.weights(rng, dims)
+        weights = params(layer.MODULE(dims[2], dims[3], rng), layer.GRADS)
         groups = [layer.group(weights, rng, dims, t) for _ in range(dp)]
         inputs = [copy.deepcopy(g.inputs[r]) for g in groups for r in range(t)]
         where = "the world" if mesh is None else f"the tp groups of a {dp}x{t} DeviceMesh (dp x tp)"
@@ -159,8 +159,8 @@ def drive(comm, inp, mesh, grad_names, learner, raises=None):
     array, or a message (uint8 bytes) when the program returned the wrong kind
     of thing, so that the grader can say so without a traceback of this code.
     ``raises``: (exception type, words) of a case that must fail; a rank that
-    raises it returns [b"raised\\0TYPE\\0MESSAGE" as uint8, an empty array], so
-    that the grader learns which ranks raised it, not only the first."""
+    raises it returns the message "raised\\0TYPE\\0MESSAGE", so that the grader
+    learns which ranks raised it, not only the first."""
     from ...mesh import DeviceMesh
     learner = callable_learner(learner)
     tp = comm if mesh is None else DeviceMesh(comm, mesh, ("dp", "tp")).group("tp")
@@ -179,7 +179,7 @@ def drive(comm, inp, mesh, grad_names, learner, raises=None):
             raise
         with comm.span(RAISED_SPAN):
             pass
-        return problem("\0".join([RAISED, type(exc).__name__, str(exc)[:300]])) + [np.zeros(0)]
+        return problem("\0".join([RAISED, type(exc).__name__, str(exc)[:300]]))
     if not (isinstance(back, tuple) and len(back) == 2 and isinstance(back[1], dict)):
         return problem(f"backward(dy) returned {_kind(back)}; it must return a tuple "
                        f"(dx, grads), grads a dict {{name: gradient}}")
@@ -206,12 +206,8 @@ def _is_required(exc, kind, words):
 
 def _raised_of(out):
     """(type name, message) of a rank's output that says it raised the required error."""
-    if (isinstance(out, (list, tuple)) and len(out) == 2 and isinstance(out[0], np.ndarray)
-            and out[0].dtype == np.uint8 and isinstance(out[1], np.ndarray) and not out[1].size):
-        parts = out[0].tobytes().decode(errors="replace").split("\0")
-        if len(parts) == 3 and parts[0] == RAISED:
-            return parts[1], parts[2]
-    return None
+    parts = (problem_text(out) or "").split("\0")
+    return (parts[1], parts[2]) if len(parts) == 3 and parts[0] == RAISED else None
 
 
 # ------------------------------------------------------------------------ check
@@ -272,7 +268,8 @@ def _raised_everywhere(result, failure, case, want, layer):
         what = (f"{done}rank {r} did not: every rank must raise it, but rank {r} went on past "
                 f"the check and failed there with {its}: {text}")
     elif isinstance(err.exc, kind):
-        what = f"rank {r} raised {its} ({text!r}), whose message does not name {' and '.join(words)}"
+        what = (f"rank {r} raised {its} ({text!r}), whose message does not name "
+                f"{' and '.join(words)}")
     else:
         what = f"rank {r} raised {its}, not {name}: {text}"
     return Failure(case.label, check, what, expected=expected,
@@ -285,15 +282,17 @@ def who(case, g):
 
 
 def _returned(result, case, layer):
-    t, check = case.info["t"], "returns (y, backward); backward returns (dx, grads)"
+    t = case.info["t"]
     for g, out in enumerate(result.outputs):
         if not (isinstance(out, (list, tuple)) and out and isinstance(out[0], np.ndarray)):
-            return Failure(case.label, check, f"{who(case, g)} returned nothing the grader can read",
+            return Failure(case.label, "returns (y, backward); backward returns (dx, grads)",
+                           f"{who(case, g)} returned nothing the grader can read",
                            hint="Return (y, backward) from the function, (dx, grads) from "
                                 "backward.")
         text = problem_text(out)
         if text is not None:
-            return Failure(case.label, check, f"{who(case, g)}: {text}", expected=layer.RETURNS,
+            return Failure(case.label, "returns (y, backward); backward returns (dx, grads)",
+                           f"{who(case, g)}: {text}", expected=layer.RETURNS,
                            hint="Follow the signature in the exercise's first cell.")
         for (key, w), v in zip(case.info["groups"][g // t].outputs[g % t].items(), out[1:]):
             failure = plain_array(case, f"{who(case, g)}'s {_name(key)}", v,
@@ -498,29 +497,22 @@ class _Lookup:
     """Every value a message of one pass may hold, sorted, to read payloads element by element."""
 
     def __init__(self, p, t):
-        vals, kinds, info, where = [], [], [], []
+        vals, self.meta = [np.zeros(0)], []    # meta: (kind, info, element of a SUM or -1)
 
         def add(arr, kind, what):
-            a = np.asarray(arr, dtype=np.float64).ravel()
-            vals.append(a)
-            kinds.append(np.full(a.size, kind))
-            info.extend([what] * a.size)
-            where.append(np.arange(a.size) if kind == SUM else np.full(a.size, -1))
+            vals.append(np.asarray(arr, dtype=np.float64).ravel())
+            self.meta += [(kind, what, i if kind == SUM else -1) for i in range(vals[-1].size)]
 
         for alt in p.alternatives:
             for mask in range(1, 2 ** t):
                 members = tuple(r for r in range(t) if mask >> r & 1)
                 add(sum(alt[r] for r in members), SUM, members)
-            total = sum(alt)
             for k in range(2, t + 1):     # sums of an already reduced value: a second AllReduce
-                add(k * total, RESUM, k)
+                add(k * sum(alt), RESUM, k)
         for label, (arrays, _, _) in p.raw.items():
             for r, a in enumerate(arrays):
                 add(a, RAW, (label, r))
-        self.vals = np.concatenate(vals) if vals else np.zeros(0)
-        self.kinds = np.concatenate(kinds) if kinds else np.zeros(0, int)
-        self.info = info
-        self.where = np.concatenate(where) if where else np.zeros(0, int)   # element of a SUM
+        self.vals = np.concatenate(vals)
         self.order = np.argsort(self.vals, kind="stable")
         self.sorted = self.vals[self.order]
         scale = np.abs(self.vals).max(initial=0.0)
@@ -531,15 +523,9 @@ class _Lookup:
         v = np.asarray(payload, dtype=np.float64).ravel()
         lo = np.searchsorted(self.sorted, v - self.tol, "left")
         hi = np.searchsorted(self.sorted, v + self.tol, "right")
-        out = []
-        for a, b in zip(lo, hi):
-            if a >= b:
-                out.append(None)
-                continue
-            idx = self.order[a:b]
-            best = idx[np.argmin(self.kinds[idx])]
-            out.append((int(self.kinds[best]), self.info[best], int(self.where[best])))
-        return out
+        # the lowest kind among the matches (SUM before RAW before RESUM), the first of those
+        return [None if a >= b else min((self.meta[i] for i in self.order[a:b]), key=lambda m: m[0])
+                for a, b in zip(lo, hi)]
 
 
 def _messages(result, case, layer):
@@ -765,10 +751,11 @@ def params(module, names):
     return tuple(module.named_parameters()[n] for n in names)
 
 
-def answers(layer, module, w, x, dy, dims, t):
-    """``module`` given the weights ``w`` (in ``layer.GRADS`` order), forward on ``x``
-    and backward on ``dy``: the whole layer's {"y", "dx", each gradient}; each rank's
-    indices (``layer.mine``) and its part of that."""
+def answers(layer, rng, w, x, dy, dims, t):
+    """The unsharded layer (``layer.MODULE``, made with ``rng``) given the weights ``w``
+    (in ``layer.GRADS`` order), forward on ``x`` and backward on ``dy``: its {"y", "dx",
+    each gradient}; each rank's indices (``layer.mine``) and its part of that."""
+    module = layer.MODULE(dims[2], dims[3], rng)
     for name, v in zip(layer.GRADS, w):
         module.named_parameters()[name][...] = v
     whole = {"y": module.forward(x), "dx": module.backward(dy)}      # forward, then backward
@@ -844,13 +831,9 @@ def describe_linear(dims):
     return f"x (b={b}, s={s}, d_in={di}), weight ({di}, {do})"
 
 
-def linear_weights(rng, dims):
-    return params(Linear(dims[2], dims[3], rng), ("weight", "bias"))
-
-
 def linear_group(layer, w, rng, dims, t):
     """Random x and dy for ``dims = (b, s, d_in, d_out)``, and ``answers`` of the
     unsharded layer: ``(x, dy, whole, idx, outputs)``."""
     b, s, di, do = dims
     x, dy = rng.standard_normal((b, s, di)), rng.standard_normal((b, s, do))
-    return (x, dy, *answers(layer, Linear(di, do, rng), w, x, dy, dims, t))
+    return (x, dy, *answers(layer, rng, w, x, dy, dims, t))

@@ -21,9 +21,10 @@ import numpy as np
 from . import _common as common
 from ._common import DEPENDS_ON_ALL, USES  # noqa: F401 (see there)
 from ._common import Expected, Mistake, Pass, block
+from ...nn import Linear
 
 NAME = "column_parallel_linear"
-GRADS = ("weight", "bias")
+GRADS, MODULE = ("weight", "bias"), Linear
 # (b, s, d_in, d_out) for each of the groups every layer is graded on
 CASES = common.on_groups([(3, 5, 5, 8), (2, 3, 4, 6), (2, 5, 7, 9), (3, 5, 6, 8),
                           (3, 3, 4, 6), (2, 4, 5, 6), (5, 2, 9, 12)])
@@ -57,7 +58,7 @@ def mine(dims, t, r):
     return {"cols": block(dims[3], t, r)}
 
 
-describe, weights = common.describe_linear, common.linear_weights
+describe = common.describe_linear
 
 
 def group(w, rng, dims, t):

@@ -27,7 +27,7 @@ from ._common import Expected, Mistake, block
 from ...nn import MLP, GeLU
 
 NAME = "megatron_mlp"
-GRADS = ("fc.weight", "fc.bias", "proj.weight", "proj.bias")
+GRADS, MODULE = ("fc.weight", "fc.bias", "proj.weight", "proj.bias"), MLP
 # (b, s, h, H4) for each of the groups every layer is graded on
 CASES = common.on_groups([(3, 5, 4, 8), (2, 3, 4, 8), (2, 5, 6, 12), (3, 5, 6, 16),
                           (3, 3, 4, 10), (2, 4, 5, 9), (5, 2, 8, 24)])
@@ -66,10 +66,6 @@ def describe(dims):
     return f"x (b={b}, s={s}, h={h}), hidden H4={h4}"
 
 
-def weights(rng, dims):
-    return common.params(MLP(dims[2], dims[3], rng), GRADS)
-
-
 def _forward(x, A, a, B, approximate="tanh"):
     act = GeLU(approximate)
     u = x @ A + a
@@ -80,7 +76,7 @@ def group(w, rng, dims, t):
     b, s, h, h4 = dims
     A, a, B, c = w
     x, dy = rng.standard_normal((b, s, h)), rng.standard_normal((b, s, h))
-    whole, idx, outputs = common.answers(sys.modules[__name__], MLP(h, h4, rng), w, x, dy, dims, t)
+    whole, idx, outputs = common.answers(sys.modules[__name__], rng, w, x, dy, dims, t)
     hid = [i["cols"] for i in idx]
     parts, hs, us, dus, partial_dx = [], [], [], [], []
     for k in hid:

@@ -21,9 +21,10 @@ import sys
 from . import _common as common
 from ._common import DEPENDS_ON_ALL, USES  # noqa: F401 (see there)
 from ._common import Expected, Mistake, Pass, block, with_bias
+from ...nn import Linear
 
 NAME = "row_parallel_linear"
-GRADS = ("weight", "bias")
+GRADS, MODULE = ("weight", "bias"), Linear
 # (b, s, d_in, d_out) for each of the groups every layer is graded on
 CASES = common.on_groups([(3, 5, 8, 5), (2, 3, 4, 6), (2, 5, 9, 7), (3, 5, 8, 6),
                           (3, 3, 6, 4), (2, 4, 6, 5), (5, 2, 12, 9)])
@@ -56,7 +57,7 @@ def mine(dims, t, r):
     return {"rows": block(dims[2], t, r)}
 
 
-describe, weights = common.describe_linear, common.linear_weights
+describe = common.describe_linear
 
 
 def group(w, rng, dims, t):

@@ -32,6 +32,7 @@ from ...tensor_parallel.attention import head_columns
 
 NAME = "tp_attention"
 GRADS = ("qkv.weight", "qkv.bias", "proj.weight", "proj.bias")
+MODULE = CausalSelfAttention
 # (b, s, h, n_heads) for each of the groups every layer is graded on; and, before the
 # 2x3 mesh, t=3 with 4 heads: the ValueError case
 CASES = common.on_groups([(3, 5, 8, 4), (2, 3, 4, 2), (2, 5, 6, 3), (3, 4, 8, 4),
@@ -80,10 +81,6 @@ def describe(dims):
     return f"x (b={b}, s={s}, h={h}), n_heads={heads}"
 
 
-def weights(rng, dims):
-    return common.params(CausalSelfAttention(dims[2], dims[3], rng), GRADS)
-
-
 def _local(x, dy, w, cols, rows, hd):
     """A CausalSelfAttention holding qkv columns ``cols`` and proj rows ``rows``, no
     proj bias: its forward is a partial sum of Y, its backward a partial dX."""
@@ -111,8 +108,8 @@ def group(w, rng, dims, t):
     if heads % t:
         return Expected(inputs, error=(ValueError, [str(t), str(heads)],
                                        "t does not divide n_heads"))
-    whole, idx, outputs = common.answers(sys.modules[__name__], CausalSelfAttention(
-        h, heads, np.random.default_rng(0)), w, x, dy, dims, t)
+    whole, idx, outputs = common.answers(sys.modules[__name__], np.random.default_rng(0), w,
+                                         x, dy, dims, t)
     hd, c = h // heads, w[3]
     local = [_local(x, dy, w, i["cols"], i["rows"], hd) for i in idx]
     parts, partial_dx = [p[0] for p in local], [p[1] for p in local]
