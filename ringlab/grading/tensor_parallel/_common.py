@@ -426,12 +426,6 @@ def _making(result, case, key, d):
     return _Traffic(result, case, d, name) if name in case.info["groups"][d].passes else None
 
 
-def _averages(tr, e, mean):
-    return (f"your {tr.name}'s AllReduce averages: rank {e.src}'s message to rank {e.dst} holds "
-            f"{mean}, divided by t = {tr.t}: a mean of {tr.p.operand}, where the layer needs "
-            f"their sum")
-
-
 def _averaging(result, case, key, d):
     """(what, hint) when a message of the pass that makes ``key`` holds partial sums
     of its operand divided by t: the AllReduce averages. Else None."""
@@ -441,9 +435,9 @@ def _averaging(result, case, key, d):
     for e in tr.events:
         pay = result.payload(e)
         if _f64(pay) and any(x is None for x in tr.lookup.read(pay)):
-            mean = _averaged(tr, pay)
+            mean = _averaged(tr, e, pay)
             if mean is not None:
-                return _averages(tr, e, mean), AVERAGE_HINT
+                return mean, AVERAGE_HINT
     return None
 
 
@@ -605,9 +599,9 @@ def _wrong_message(tr, e, pay, read):
         return _not_operand(tr, e, pay, f"an array of dtype "
                             f"{getattr(pay, 'dtype', type(pay).__name__)}")
     if any(x is None for x in read):
-        mean = _averaged(tr, pay)
+        mean = _averaged(tr, e, pay)
         if mean is not None:
-            return tr.fail(_averages(tr, e, mean), expected=f"one AllReduce that sums "
+            return tr.fail(mean, expected=f"one AllReduce that sums "
                            f"{p.operand} (op SUM): partial sums, undivided",
                            got=f"{pay.size} values: {numbers(pay)}", hint=AVERAGE_HINT)
         bad = pay.ravel()[[i for i, x in enumerate(read) if x is None]]
@@ -653,9 +647,9 @@ def _volume(tr):
                    got=f"{got} bytes in {len(tr.events)} message(s)", hint=tr.p.hint)
 
 
-def _averaged(tr, pay):
-    """Words for a message whose every element is a partial sum of the pass's operand
-    divided by t (an averaging AllReduce's), or None."""
+def _averaged(tr, e, pay):
+    """What a report says of message ``e`` (payload ``pay``) when its every element is a
+    partial sum of the pass's operand divided by t (an averaging AllReduce's); else None."""
     p, t = tr.p, tr.t
     if t < 2:
         return None
@@ -664,7 +658,9 @@ def _averaged(tr, pay):
     if not read or any(x is None or x[0] != SUM for x in read):
         return None
     widest = max(len(x[1]) for x in read)
-    return "the sum over all the ranks" if widest == t else f"partial sums over {widest} rank(s)"
+    mean = "the sum over all the ranks" if widest == t else f"partial sums over {widest} rank(s)"
+    return (f"your {tr.name}'s AllReduce averages: rank {e.src}'s message to rank {e.dst} holds "
+            f"{mean}, divided by t = {t}: a mean of {p.operand}, where the layer needs their sum")
 
 
 def _heard_all(tr, heard):
