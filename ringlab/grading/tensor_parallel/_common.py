@@ -22,18 +22,15 @@ the tp groups of 2x2 and 2x3 meshes):
    block, to relative error 1e-10; a wrong value is matched against the
    mistakes' formulas to say which one it is;
 4. the messages of each pass (the driver wraps forward and backward in spans
-   of its own): they stay in the tensor-parallel group, and each one is read
-   element by element (recorded payloads). An element must be a partial sum,
-   over some set of the group's ranks, of the pass's AllReduce operand (rank
-   r's partial product): that is what any AllReduce algorithm sends. The
-   grader also knows the data a program could ship instead (shards of X, of
-   dY, of the weights, hidden activations) and names them when a message
-   holds them: an AllGather of the inputs gives right values with the wrong
-   communication. Finally the volume: one bandwidth-optimal AllReduce of N
-   elements on t ranks moves 2(t-1) N elements in the group (a ring, a tree,
-   reduce-then-broadcast); twice that is two AllReduces. And every rank must
-   have received, in some partial sum, every other rank's part of every
-   element: the sum has to travel in the messages, not some other way.
+   of its own) stay in the tensor-parallel group, and each one is read element
+   by element (recorded payloads): an element must be a partial sum, over some
+   of the group's ranks, of the pass's AllReduce operand (rank r's partial
+   product), as any AllReduce algorithm sends; the data a program could ship
+   instead (shards of X, of dY, of the weights, hidden activations) are named.
+   Then the volume: one bandwidth-optimal AllReduce of N elements on t ranks
+   moves 2(t-1) N elements in the group (a ring, a tree, reduce-then-broadcast);
+   twice that is two AllReduces. And every rank must have received, in partial
+   sums, every other rank's part of every element: the sum travels in the messages.
 
 The last case repeats the first with, on rank r, the weights outside block r
 replaced by noise: a program that computes the whole layer on every rank and
@@ -55,6 +52,7 @@ from ..kit.report import Case, Failure, numbers
 from ..kit.running import plain_array, run_case
 from ..kit.driver import callable_learner, problem, problem_text
 from ...errors import DeadlockError, RankError
+from ...nn import Linear
 
 TOL = 1e-10
 FORWARD, BACKWARD = "tp-grader.forward", "tp-grader.backward"
@@ -111,15 +109,15 @@ def make_cases(rng, layer, shapes):
     # weights are there) and all-reduces only for show gives wrong values there.
     for i, (t, mesh, dims) in enumerate([*shapes, shapes[0]]):
         dp = 1 if mesh is None else mesh[0]
-        weights = params(layer.MODULE(dims[2], dims[3], rng), layer.GRADS)
+        unsharded = layer.MODULE(dims[2], dims[3], rng).named_parameters()
+        weights = tuple(unsharded[n] for n in layer.GRADS)
         groups = [layer.group(weights, rng, dims, t) for _ in range(dp)]
         inputs = [copy.deepcopy(g.inputs[r]) for g in groups for r in range(t)]
         where = "the world" if mesh is None else f"the tp groups of a {dp}x{t} DeviceMesh (dp x tp)"
         label = f"t={t} ({where}), {layer.describe(dims)}"
         if i == len(shapes):
             for g, inp in enumerate(inputs):
-                for k, (axis, mine) in owned(layer, dims, t, g % t).items():
-                    _noise_outside(inp[0][k], axis, mine, rng)
+                _noise_outside(layer, inp[0], layer.mine(dims, t, g % t), rng)
             label += ("; on rank r, the weights outside block r are noise: "
                       "rank r may use only its own block")
         yield Case(dp * t, inputs, label,
@@ -127,11 +125,15 @@ def make_cases(rng, layer, shapes):
                    info=dict(t=t, mesh=mesh, groups=groups, dims=dims))
 
 
-def _noise_outside(a, axis, mine, rng):
-    """Overwrite ``a`` (in place) with noise, except the indices ``mine`` along ``axis``."""
-    index = [slice(None)] * a.ndim
-    index[axis] = np.setdiff1d(np.arange(a.shape[axis]), mine)
-    a[tuple(index)] = rng.standard_normal(a[tuple(index)].shape)
+def _noise_outside(layer, args, mine, rng):
+    """Overwrite (in place) each split weight among one rank's arguments ``args`` with
+    noise, except the rank's own indices ``mine``."""
+    for i, name in enumerate(layer.GRADS):
+        if name in layer.SPLIT:
+            (axis, part), a = layer.SPLIT[name], args[1 + i]
+            index = [slice(None)] * a.ndim
+            index[axis] = np.setdiff1d(np.arange(a.shape[axis]), mine[part])
+            a[tuple(index)] = rng.standard_normal(a[tuple(index)].shape)
 
 
 def with_bias(parts, bias, t):
@@ -462,13 +464,9 @@ def _right_allreduce_wrong_operand(result, case, layer, key, d):
     for r, g in enumerate(tr.members):
         # A rank's first message, sent before it received anything in the pass, can hold
         # only its own operand: if it does not, the operand is wrong, not the AllReduce.
-        sent = [e for e in tr.events if e.src == g]
-        got = [e.step for e in tr.events if e.dst == g]
-        if not sent:
-            continue
-        e = min(sent, key=lambda e: e.step)
-        pay = result.payload(e)
-        if got and e.step > min(got) or not _f64(pay):
+        e = min((e for e in tr.events if e.src == g), key=lambda e: e.step, default=None)
+        got = [x.step for x in tr.events if x.dst == g]
+        if e is None or got and e.step > min(got) or not _f64(pay := result.payload(e)):
             continue
         if any(x is None or x[0] != SUM or x[1] != (r,) for x in tr.lookup.read(pay)):
             return (f"the AllReduce is right (every rank ends with the same {_name(key)}, and "
@@ -722,13 +720,6 @@ def grader(layer):
     return cases, check_layer
 
 
-def owned(layer, dims, t, r):
-    """Rank r's part of each weight argument: {argument: (axis, indices)}."""
-    idx = layer.mine(dims, t, r)
-    return {1 + i: (layer.SPLIT[n][0], idx[layer.SPLIT[n][1]])
-            for i, n in enumerate(layer.GRADS) if n in layer.SPLIT}
-
-
 def shard(whole, split, idx):
     """One rank's part of each array of ``whole``, by ``split`` and its indices ``idx``."""
     return {k: v if k not in split else np.take(v, idx[split[k][1]], axis=split[k][0])
@@ -740,11 +731,6 @@ def resharded(whole, split, idx, keys):
     values of a program that split the layer otherwise."""
     parts = [shard(whole, split, i) for i in idx]
     return {k: [p[k] for p in parts] for k in keys}
-
-
-def params(module, names):
-    """``module``'s parameters ``names``, in that order."""
-    return tuple(module.named_parameters()[n] for n in names)
 
 
 def answers(layer, rng, w, x, dy, dims, t):
@@ -822,6 +808,12 @@ def block_mistakes(parts, partial_dx, bias, t, swapped, whose, g_hint, f_hint):
 
 
 # -- the two linear-layer graders share their problem: ``Linear(d_in, d_out)`` ------------
+def linear_layer(name):
+    """What the two linear layers' graders share: GRADS, MODULE, RETURNS and describe."""
+    return (("weight", "bias"), Linear, f"{name}(comm, x, weight, bias) -> (y, backward); "
+            "backward(dy) -> (dx, {'weight': ..., 'bias': ...})", describe_linear)
+
+
 def describe_linear(dims):
     b, s, di, do = dims
     return f"x (b={b}, s={s}, d_in={di}), weight ({di}, {do})"

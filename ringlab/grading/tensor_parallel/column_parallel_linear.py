@@ -1,17 +1,13 @@
 """Grader for exercise ``column_parallel_linear``: W split by output columns.
 
-Signature: ``column_parallel_linear(comm, x, weight, bias) -> (y, backward)``.
-``comm`` is the tensor-parallel group (t ranks); ``x`` (b, s, d_in) is the same
-on every rank; ``weight`` (d_in, d_out) and ``bias`` (d_out,) are whole, and
-rank r uses columns block r (``cols_r``). ``y`` (b, s, d_out/t) is this rank's
-columns of ``x @ W + b``, with no communication. ``backward(dy)``, dy this
-rank's columns of dY, returns ``(dx, {"weight", "bias"})``: dx (b, s, d_in)
-whole on every rank (ONE AllReduce of the partial ``dy @ W[:, cols_r].T``),
-the gradients this rank's blocks.
-
-Checks (see ``_common.py``): y, dx and the gradients equal ``ringlab.nn.Linear``'s;
-the forward sends nothing; the backward's messages are partial sums of the ranks'
-partial dX and add up to one AllReduce (2(t-1) x b*s*d_in elements in the group).
+``column_parallel_linear(comm, x, weight, bias) -> (y, backward)``: ``comm`` is the
+tensor-parallel group (t ranks); x (b, s, d_in) and the whole weight (d_in, d_out) and
+bias are on every rank, which uses its columns block r (``cols_r``). y (b, s, d_out/t):
+this rank's columns of ``x @ W + b``, with no communication. ``backward(dy)``, dy this
+rank's columns of dY, returns ``(dx, {"weight", "bias"})``: dx (b, s, d_in) whole (ONE
+AllReduce of the partial ``dy @ W[:, cols_r].T``), the gradients this rank's blocks.
+The checks are ``_common``'s; the usual mistakes and what else a message could carry
+are the formulas of ``group``.
 """
 
 import sys
@@ -21,15 +17,12 @@ import numpy as np
 from . import _common as common
 from ._common import DEPENDS_ON_ALL, USES  # noqa: F401 (see there)
 from ._common import Expected, Mistake, Pass, block
-from ...nn import Linear
 
 NAME = "column_parallel_linear"
-GRADS, MODULE = ("weight", "bias"), Linear
+GRADS, MODULE, RETURNS, describe = common.linear_layer(NAME)
 # (b, s, d_in, d_out) for each of the groups every layer is graded on
 CASES = common.on_groups([(3, 5, 5, 8), (2, 3, 4, 6), (2, 5, 7, 9), (3, 5, 6, 8),
                           (3, 3, 4, 6), (2, 4, 5, 6), (5, 2, 9, 12)])
-RETURNS = ("column_parallel_linear(comm, x, weight, bias) -> (y, backward); "
-           "backward(dy) -> (dx, {'weight': ..., 'bias': ...})")
 SHAPE_HINT = ("Rank r keeps columns r*d_out/t .. (r+1)*d_out/t - 1 of weight and bias: "
               "weight[:, cols], bias[cols].")
 NO_COMM = {"forward": "a column-parallel layer's forward needs none: every rank has the whole X "
@@ -56,9 +49,6 @@ SPLIT = {"y": (-1, "cols"), "weight": (-1, "cols"), "bias": (-1, "cols")}
 
 def mine(dims, t, r):
     return {"cols": block(dims[3], t, r)}
-
-
-describe = common.describe_linear
 
 
 def group(w, rng, dims, t):

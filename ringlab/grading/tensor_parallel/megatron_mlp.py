@@ -1,20 +1,13 @@
 """Grader for exercise ``megatron_mlp``: the transformer MLP split by hidden units.
 
-Signature: ``megatron_mlp(comm, x, fc_weight, fc_bias, proj_weight, proj_bias)
--> (y, backward)``, y = GeLU(x @ fc_weight + fc_bias) @ proj_weight + proj_bias
-(GeLU's tanh approximation, ``ringlab.nn.GeLU()``). x (b, s, h) is the same on
-every rank; the weights are whole and rank r owns hidden units block r: those
-columns of fc and rows of proj. y (b, s, h) whole on every rank;
-``backward(dy)``, dy (b, s, h) the same on every rank, returns dx (b, s, h)
-whole and ``{"fc.weight", "fc.bias", "proj.weight", "proj.bias"}``, this
-rank's blocks (proj.bias whole). Exactly one AllReduce forward (g) and one
-backward (f), each of b*s*h elements.
-
-Checks (see ``_common.py``): values equal ``ringlab.nn.MLP``'s, with the usual
-mistakes diagnosed (no AllReduce in a pass, f and g swapped, the bias counted t
-times, GeLU applied to partial sums, the exact GeLU, hidden units not block r);
-the messages of each pass are partial sums of the ranks' partial products and add
-up to one AllReduce; shipping hidden activations or their gradients instead fails.
+``megatron_mlp(comm, x, fc_weight, fc_bias, proj_weight, proj_bias) -> (y, backward)``,
+y = GeLU(x @ fc_weight + fc_bias) @ proj_weight + proj_bias (``ringlab.nn.GeLU()``, the
+tanh form). x (b, s, h) and the whole weights are on every rank, which owns hidden
+units block r: those columns of fc and rows of proj. y whole on every rank;
+``backward(dy)`` returns dx whole and ``{"fc.weight", "fc.bias", "proj.weight",
+"proj.bias"}``, this rank's blocks (proj.bias whole). Exactly one AllReduce forward (g)
+and one backward (f), each of b*s*h elements. The checks are ``_common``'s; the usual
+mistakes (GeLU of partial sums, the exact GeLU, ...) are the formulas of ``group``.
 """
 
 import sys

@@ -1,19 +1,13 @@
 """Grader for exercise ``row_parallel_linear``: W split by input rows.
 
-Signature: ``row_parallel_linear(comm, x, weight, bias) -> (y, backward)``.
-``x`` (b, s, d_in/t) is this rank's columns ``rows_r`` of X (as a
-column-parallel layer leaves them); ``weight`` (d_in, d_out) and ``bias``
-(d_out,) are whole, rank r uses rows block r of W. ``y`` (b, s, d_out) is the
-whole output on every rank: ONE AllReduce of the partial products
-``x @ W[rows_r]``, the bias added once. ``backward(dy)``, dy whole and the same
-on every rank, returns ``(dx, {"weight", "bias"})`` with no communication:
-dx (b, s, d_in/t) this rank's columns, dW this rank's rows, db whole.
-
-Checks (see ``_common.py``): values equal ``ringlab.nn.Linear``'s, with the bias
-counted t times, the missing AllReduce, a summed dX or bias gradient diagnosed;
-the forward's messages are partial sums of the ranks' partial products (the bias
-added on one rank before the sum, or 1/t of it on each, is right too) adding up
-to one AllReduce; the backward sends nothing.
+``row_parallel_linear(comm, x, weight, bias) -> (y, backward)``: x (b, s, d_in/t) is
+this rank's columns ``rows_r`` of X (as a column-parallel layer leaves them); the whole
+weight (d_in, d_out) and bias are on every rank, which uses rows block r of W. y
+(b, s, d_out) whole on every rank: ONE AllReduce of the partial products
+``x @ W[rows_r]``, the bias added once (before the sum on one rank, or 1/t of it on
+each, is right too). ``backward(dy)``, dy whole, returns ``(dx, {"weight", "bias"})``
+with no communication: dx this rank's columns, dW its rows, db whole. The checks are
+``_common``'s; the usual mistakes are the formulas of ``group``.
 """
 
 import sys
@@ -21,15 +15,12 @@ import sys
 from . import _common as common
 from ._common import DEPENDS_ON_ALL, USES  # noqa: F401 (see there)
 from ._common import Expected, Mistake, Pass, block, with_bias
-from ...nn import Linear
 
 NAME = "row_parallel_linear"
-GRADS, MODULE = ("weight", "bias"), Linear
+GRADS, MODULE, RETURNS, describe = common.linear_layer(NAME)
 # (b, s, d_in, d_out) for each of the groups every layer is graded on
 CASES = common.on_groups([(3, 5, 8, 5), (2, 3, 4, 6), (2, 5, 9, 7), (3, 5, 8, 6),
                           (3, 3, 6, 4), (2, 4, 6, 5), (5, 2, 12, 9)])
-RETURNS = ("row_parallel_linear(comm, x, weight, bias) -> (y, backward); "
-           "backward(dy) -> (dx, {'weight': ..., 'bias': ...})")
 SHAPE_HINT = ("Rank r keeps rows r*d_in/t .. (r+1)*d_in/t - 1 of weight (weight[rows, :]) and "
               "the whole bias; x is already only its columns of X.")
 NO_COMM = {"backward": "a row-parallel layer's backward needs none: dY is the same on every rank, "
@@ -55,9 +46,6 @@ SPLIT = {"dx": (-1, "rows"), "weight": (0, "rows")}
 
 def mine(dims, t, r):
     return {"rows": block(dims[2], t, r)}
-
-
-describe = common.describe_linear
 
 
 def group(w, rng, dims, t):

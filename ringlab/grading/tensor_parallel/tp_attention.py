@@ -1,23 +1,14 @@
 """Grader for exercise ``tp_attention``: self-attention with its heads split over ranks.
 
-Signature: ``tp_attention(comm, x, qkv_weight, qkv_bias, proj_weight,
-proj_bias, n_heads) -> (y, backward)``, the math of
-``ringlab.nn.CausalSelfAttention``: qkv's 3h output columns are [q | k | v],
-head j is column block j inside each. Rank r owns heads block r (n_heads/t
-heads): its columns of q, of k and of v, and the same rows of proj. y
-(b, s, h) whole on every rank; ``backward(dy)`` returns dx whole and
-``{"qkv.weight": (h, 3h/t) ordered [my q | my k | my v], "qkv.bias",
-"proj.weight": (h/t, h), "proj.bias": (h,)}``. One AllReduce forward, one
-backward, each b*s*h elements. If t does not divide n_heads: ValueError
-naming both numbers.
-
-Checks (see ``_common.py``), with one more case where t does not divide the
-heads: it runs (or raises that ValueError, on every rank: a rank that goes on
-past the check, and waits or fails, is named); values equal
-``CausalSelfAttention``'s, with the usual mistakes diagnosed (qkv split as one
-contiguous block, heads not block r, no AllReduce in a pass, f and g swapped,
-the bias counted t times); the messages of each pass are partial sums of the
-ranks' partial products adding up to one AllReduce.
+``tp_attention(comm, x, qkv_weight, qkv_bias, proj_weight, proj_bias, n_heads) ->
+(y, backward)``, the math of ``ringlab.nn.CausalSelfAttention``: qkv's 3h output
+columns are [q | k | v], head j is column block j inside each. Rank r owns heads block
+r: its columns of q, of k and of v, and the same rows of proj. y (b, s, h) whole on
+every rank; ``backward(dy)`` returns dx whole and ``{"qkv.weight": (h, 3h/t) ordered
+[my q | my k | my v], "qkv.bias", "proj.weight": (h/t, h), "proj.bias": (h,)}``. One
+AllReduce forward, one backward, each of b*s*h elements. If t does not divide n_heads:
+ValueError naming both numbers, on every rank (one more case checks it: a rank that
+goes on past the check, and waits or fails, is named). The checks are ``_common``'s.
 """
 
 import sys
