@@ -1,15 +1,18 @@
 """What the four tensor-parallel graders share: cases, driver, value and message checks.
 
 A grader module describes its layer (see ``column_parallel_linear.py``):
-``spec(rng, dims, t)`` draws the weights, and ``group(weights, rng, dims, t)``
+``MODULE(dims[2], dims[3], rng)`` is the unsharded ``ringlab.nn`` layer, whose
+parameters ``GRADS`` are the weights, and ``group(weights, rng, dims, t)`` draws
 one tensor-parallel group's input and output gradient and returns an
 ``Expected``: each rank's inputs, the outputs the unsharded ``ringlab.nn``
 layer gives for that rank's block, what each pass may communicate (``Pass``)
-and the usual mistakes as formulas (``Mistake``). Its tables name what the
-reports say of the layer; ``NO_COMM`` (why a pass needs no message) only where a
-pass sends none, ``ERROR_HINT`` only where a case requires an error.
+and the usual mistakes as formulas (``Mistake``). Its table ``OUTPUTS`` says,
+of y, dx and each gradient, its shape, which block of the layer's it is and a
+hint; ``NO_COMM`` (why a pass needs no message) only where a pass sends none,
+``ERROR_HINT`` only where a case requires an error.
 
-The checks, in order, on every case:
+The checks, in order, on every case (t = 1 to 4, b and s not multiples of t,
+the tp groups of 2x2 and 2x3 meshes):
 
 1. it runs: no exception, deadlock or unreceived message;
 2. forward returns ``(y, backward)`` and backward ``(dx, grads)`` with every
@@ -19,18 +22,15 @@ The checks, in order, on every case:
    block, to relative error 1e-10; a wrong value is matched against the
    mistakes' formulas to say which one it is;
 4. the messages of each pass (the driver wraps forward and backward in spans
-   of its own): they stay in the tensor-parallel group, and each one is read
-   element by element (recorded payloads). An element must be a partial sum,
-   over some set of the group's ranks, of the pass's AllReduce operand (rank
-   r's partial product): that is what any AllReduce algorithm sends. The
-   grader also knows the data a program could ship instead (shards of X, of
-   dY, of the weights, hidden activations) and names them when a message
-   holds them: an AllGather of the inputs gives right values with the wrong
-   communication. Finally the volume: one bandwidth-optimal AllReduce of N
-   elements on t ranks moves 2(t-1) N elements in the group (a ring, a tree,
-   reduce-then-broadcast); twice that is two AllReduces. And every rank must
-   have received, in some partial sum, every other rank's part of every
-   element: the sum has to travel in the messages, not some other way.
+   of its own) stay in the tensor-parallel group, and each one is read element
+   by element (recorded payloads): an element must be a partial sum, over some
+   of the group's ranks, of the pass's AllReduce operand (rank r's partial
+   product), as any AllReduce algorithm sends; the data a program could ship
+   instead (shards of X, of dY, of the weights, hidden activations) are named.
+   Then the volume: one bandwidth-optimal AllReduce of N elements on t ranks
+   moves 2(t-1) N elements in the group (a ring, a tree, reduce-then-broadcast);
+   twice that is two AllReduces. And every rank must have received, in partial
+   sums, every other rank's part of every element: the sum travels in the messages.
 
 The last case repeats the first with, on rank r, the weights outside block r
 replaced by noise: a program that computes the whole layer on every rank and
@@ -39,6 +39,7 @@ all-reduces for show only gives wrong values there.
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
 from dataclasses import dataclass, field
@@ -108,15 +109,15 @@ def make_cases(rng, layer, shapes):
     # weights are there) and all-reduces only for show gives wrong values there.
     for i, (t, mesh, dims) in enumerate([*shapes, shapes[0]]):
         dp = 1 if mesh is None else mesh[0]
-        weights = layer.weights(rng, dims)
+        unsharded = layer.MODULE(dims[2], dims[3], rng).named_parameters()
+        weights = tuple(unsharded[n] for n in layer.GRADS)
         groups = [layer.group(weights, rng, dims, t) for _ in range(dp)]
-        inputs = [_copy(groups[d].inputs[r]) for d in range(dp) for r in range(t)]
+        inputs = [copy.deepcopy(g.inputs[r]) for g in groups for r in range(t)]
         where = "the world" if mesh is None else f"the tp groups of a {dp}x{t} DeviceMesh (dp x tp)"
         label = f"t={t} ({where}), {layer.describe(dims)}"
         if i == len(shapes):
             for g, inp in enumerate(inputs):
-                for k, (axis, mine) in owned(layer, dims, t, g % t).items():
-                    _noise_outside(inp[0][k], axis, mine, rng)
+                _noise_outside(layer, inp[0], layer.mine(dims, t, g % t), rng)
             label += ("; on rank r, the weights outside block r are noise: "
                       "rank r may use only its own block")
         yield Case(dp * t, inputs, label,
@@ -124,20 +125,15 @@ def make_cases(rng, layer, shapes):
                    info=dict(t=t, mesh=mesh, groups=groups, dims=dims))
 
 
-def _noise_outside(a, axis, mine, rng):
-    """Overwrite ``a`` (in place) with noise, except the indices ``mine`` along ``axis``."""
-    others = np.setdiff1d(np.arange(a.shape[axis]), mine)
-    index = [slice(None)] * a.ndim
-    index[axis] = others
-    a[tuple(index)] = rng.standard_normal(a[tuple(index)].shape)
-
-
-def _copy(value):
-    if isinstance(value, np.ndarray):
-        return value.copy()
-    if isinstance(value, (list, tuple)):
-        return [_copy(v) for v in value]
-    return value
+def _noise_outside(layer, args, mine, rng):
+    """Overwrite (in place) each split weight among one rank's arguments ``args`` with
+    noise, except the rank's own indices ``mine``."""
+    for i, name in enumerate(layer.GRADS):
+        if name in layer.SPLIT:
+            (axis, part), a = layer.SPLIT[name], args[1 + i]
+            index = [slice(None)] * a.ndim
+            index[axis] = np.setdiff1d(np.arange(a.shape[axis]), mine[part])
+            a[tuple(index)] = rng.standard_normal(a[tuple(index)].shape)
 
 
 def with_bias(parts, bias, t):
@@ -165,8 +161,8 @@ def drive(comm, inp, mesh, grad_names, learner, raises=None):
     array, or a message (uint8 bytes) when the program returned the wrong kind
     of thing, so that the grader can say so without a traceback of this code.
     ``raises``: (exception type, words) of a case that must fail; a rank that
-    raises it returns [b"raised\\0TYPE\\0MESSAGE" as uint8, an empty array], so
-    that the grader learns which ranks raised it, not only the first."""
+    raises it returns the message "raised\\0TYPE\\0MESSAGE", so that the grader
+    learns which ranks raised it, not only the first."""
     from ...mesh import DeviceMesh
     learner = callable_learner(learner)
     tp = comm if mesh is None else DeviceMesh(comm, mesh, ("dp", "tp")).group("tp")
@@ -176,7 +172,7 @@ def drive(comm, inp, mesh, grad_names, learner, raises=None):
             out = learner(tp, *args)
         if not (isinstance(out, tuple) and len(out) == 2 and callable(out[1])):
             return problem(f"the function returned {_kind(out)}; it must return a tuple "
-                            f"(y, backward), backward a function of dy")
+                           f"(y, backward), backward a function of dy")
         y = out[0].copy() if type(out[0]) is np.ndarray else out[0]   # backward may reuse y
         with comm.span(BACKWARD):
             back = out[1](dy)
@@ -185,28 +181,35 @@ def drive(comm, inp, mesh, grad_names, learner, raises=None):
             raise
         with comm.span(RAISED_SPAN):
             pass
-        text = "\0".join([RAISED, type(exc).__name__, str(exc)[:300]])
-        return [np.frombuffer(text.encode(), dtype=np.uint8).copy(), np.zeros(0)]
+        return problem("\0".join([RAISED, type(exc).__name__, str(exc)[:300]]))
     if not (isinstance(back, tuple) and len(back) == 2 and isinstance(back[1], dict)):
         return problem(f"backward(dy) returned {_kind(back)}; it must return a tuple "
-                        f"(dx, grads), grads a dict {{name: gradient}}")
+                       f"(dx, grads), grads a dict {{name: gradient}}")
     grads = back[1]
-    missing = [n for n in grad_names if n not in grads]
-    extra = [str(n) for n in grads if n not in grad_names]
-    if missing or extra:
+    if set(grads) != set(grad_names):
         return problem(f"backward's grads has the keys {sorted(map(str, grads))}; they must be "
-                        f"{list(grad_names)}, named as in ringlab.nn")
-    values = [y, back[0]] + [grads[n] for n in grad_names]
-    for name, v in zip(["y", "dx"] + [f"grads[{n!r}]" for n in grad_names], values):
+                       f"{list(grad_names)}, named as in ringlab.nn")
+    values = {"y": y, "dx": back[0], **{f"grads[{n!r}]": grads[n] for n in grad_names}}
+    for name, v in values.items():
         if not isinstance(v, np.ndarray):
             return problem(f"{name} is {_kind(v)}, not a numpy array")
-    return [np.zeros(0)] + values
+    return [np.zeros(0), *values.values()]
 
 
 def _kind(value):
-    if isinstance(value, tuple):
-        return f"a tuple of {len(value)}"
-    return f"a {type(value).__name__}"
+    return f"a tuple of {len(value)}" if isinstance(value, tuple) else f"a {type(value).__name__}"
+
+
+def _is_required(exc, kind, words):
+    text = str(exc)
+    return isinstance(exc, kind) and all(
+        re.search(rf"(?<!\d){re.escape(w)}(?!\d)", text) for w in words)
+
+
+def _raised_of(out):
+    """(type name, message) of a rank's output that says it raised the required error."""
+    parts = (problem_text(out) or "").split("\0")
+    return (parts[1], parts[2]) if len(parts) == 3 and parts[0] == RAISED else None
 
 
 # ------------------------------------------------------------------------ check
@@ -225,50 +228,33 @@ def check(program, case, backend, layer):
             or _values(result, case, layer) or _messages(result, case, layer))
 
 
-def _is_required(exc, kind, words):
-    text = str(exc)
-    return isinstance(exc, kind) and all(
-        re.search(rf"(?<!\d){re.escape(w)}(?!\d)", text) for w in words)
-
-
-def _raised_of(out):
-    """(type name, message) of a rank's output that says it raised the required error."""
-    if (isinstance(out, (list, tuple)) and len(out) == 2 and isinstance(out[0], np.ndarray)
-            and out[0].dtype == np.uint8 and isinstance(out[1], np.ndarray) and not out[1].size):
-        parts = out[0].tobytes().decode(errors="replace").split("\0")
-        if len(parts) == 3 and parts[0] == RAISED:
-            return parts[1], parts[2]
-    return None
-
-
 def _raised_everywhere(result, failure, case, want, layer):
     """A case whose layer cannot be built: every rank raises the error (each rank is
     its own process, and one rank's exception does not stop the others). Which
     ranks raised it: their outputs, or in a failed run the span each opened."""
     kind, words, why = want
-    n = case.world_size
-    check = f"raises {kind.__name__} when {why}"
-    expected = f"{kind.__name__} on every rank, its message naming {' and '.join(words)}"
+    name, n = kind.__name__, case.world_size
+    check = f"raises {name} when {why}"
+    expected = f"{name} on every rank, its message naming {' and '.join(words)}"
     hint = (f"{layer.ERROR_HINT} Every rank must raise it, before any communication: one "
             f"rank's exception does not stop the others.")
     if failure is None:
         said = [_raised_of(out) for out in result.outputs]
         raised = [g for g, x in enumerate(said) if x is not None]
-        if len(raised) == n:
+        others = [g for g in range(n) if g not in raised]
+        if not others:
             return None
         if not raised:
-            return Failure(case.label, check, f"the program ran without raising {kind.__name__}",
+            return Failure(case.label, check, f"the program ran without raising {name}",
                            expected=expected, got="no error", hint=layer.ERROR_HINT)
-        others = [g for g in range(n) if g not in raised]
-        return Failure(case.label, check,
-                       f"{_ranks(raised)} raised {kind.__name__} "
-                       f"({said[raised[0]][1]!r}), {_ranks(others)} did not: every "
-                       f"rank must raise it", expected=expected,
+        return Failure(case.label, check, f"{_ranks(raised)} raised {name} "
+                       f"({said[raised[0]][1]!r}), {_ranks(others)} did not: every rank must "
+                       f"raise it", expected=expected,
                        got=f"{_ranks(others)} returned without an error", hint=hint)
     err = failure.error
-    trace = getattr(err, "trace", None)
-    raised = sorted({s.rank for s in getattr(trace, "spans", ()) if s.path == RAISED_SPAN})
-    done = f"{_ranks(raised)} raised {kind.__name__} as required; " if raised else ""
+    raised = sorted({s.rank for s in getattr(getattr(err, "trace", None), "spans", ())
+                     if s.path == RAISED_SPAN})
+    done = f"{_ranks(raised)} raised {name} as required; " if raised else ""
     if isinstance(err, DeadlockError):       # the ranks that raised left; the others wait
         waiting = sorted(err.waiting)
         return Failure(case.label, check,
@@ -277,28 +263,24 @@ def _raised_everywhere(result, failure, case, want, layer):
                        + "\n".join(f"  rank {r}: {w}" for r, w in sorted(err.waiting.items())),
                        expected=expected, got=f"{_ranks(waiting)} raised nothing",
                        hint=hint, error=err)
-    if isinstance(err, RankError):
-        failure.got = without_grader_frames(failure.got)
-        name = type(err.exc).__name__
-        if raised:
-            what = (f"{done}rank {err.rank} did not: every rank must raise it, but rank "
-                    f"{err.rank} went on past the check and failed there with {name}: "
-                    f"{str(err.exc)[:200]}")
-        elif isinstance(err.exc, kind):
-            what = (f"rank {err.rank} raised {name} ({str(err.exc)[:200]!r}), whose message "
-                    f"does not name {' and '.join(words)}")
-        else:
-            what = f"rank {err.rank} raised {name}, not {kind.__name__}: {str(err.exc)[:200]}"
-        return Failure(case.label, check, what, expected=expected, got=failure.got,
-                       hint=hint, error=err)
-    return failure
+    if not isinstance(err, RankError):
+        return failure
+    r, its, text = err.rank, type(err.exc).__name__, str(err.exc)[:200]
+    if raised:
+        what = (f"{done}rank {r} did not: every rank must raise it, but rank {r} went on past "
+                f"the check and failed there with {its}: {text}")
+    elif isinstance(err.exc, kind):
+        what = (f"rank {r} raised {its} ({text!r}), whose message does not name "
+                f"{' and '.join(words)}")
+    else:
+        what = f"rank {r} raised {its}, not {name}: {text}"
+    return Failure(case.label, check, what, expected=expected,
+                   got=without_grader_frames(failure.got), hint=hint, error=err)
 
 
 def who(case, g):
     t, mesh = case.info["t"], case.info["mesh"]
-    if mesh is None:
-        return f"rank {g}"
-    return f"rank {g} (rank {g % t} of its tp group, tp[{g // t}])"
+    return f"rank {g}" if mesh is None else f"rank {g} (rank {g % t} of its tp group, tp[{g // t}])"
 
 
 def _returned(result, case, layer):
@@ -314,18 +296,14 @@ def _returned(result, case, layer):
             return Failure(case.label, "returns (y, backward); backward returns (dx, grads)",
                            f"{who(case, g)}: {text}", expected=layer.RETURNS,
                            hint="Follow the signature in the exercise's first cell.")
-        want = case.info["groups"][g // t].outputs[g % t]
-        for (key, w), v in zip(want.items(), out[1:]):
-            name = _name(key)
-            failure = plain_array(case, f"{who(case, g)}'s {name}", v,
+        for (key, w), v in zip(case.info["groups"][g // t].outputs[g % t].items(), out[1:]):
+            failure = plain_array(case, f"{who(case, g)}'s {_name(key)}", v,
                                   f"an array of shape {w.shape}")
-            if failure:
-                return failure
-            if v.shape != w.shape:
-                return Failure(case.label, "every output has its shape",
-                               f"{who(case, g)}: {name} has shape {v.shape}",
-                               expected=f"shape {w.shape}: {layer.SHAPES[key]}",
-                               got=f"shape {v.shape}", hint=layer.SHAPE_HINT)
+            if failure or v.shape != w.shape:
+                return failure or Failure(
+                    case.label, "every output has its shape", f"{who(case, g)}: {_name(key)} has "
+                    f"shape {v.shape}", expected=f"shape {w.shape}: {layer.OUTPUTS[key][0]}",
+                    got=f"shape {v.shape}", hint=layer.SHAPE_HINT)
     return None
 
 
@@ -346,18 +324,20 @@ def close(got, want):
 
 def _values(result, case, layer):
     t = case.info["t"]
-    keys = list(case.info["groups"][0].outputs[0])
-    for i, key in enumerate(keys):
+    for i, key in enumerate(case.info["groups"][0].outputs[0]):
         for g, out in enumerate(result.outputs):
             d, r = divmod(g, t)
             ex = case.info["groups"][d]
             got, want = out[1 + i], ex.outputs[r][key]
             if close(got, want):
                 continue
-            what, hint = _diagnose(ex, key, r, got, want, t, layer)
-            if not any(key in m.outputs and close(got, m.outputs[key][r]) for m in ex.mistakes):
-                # No known mistake's formula: do the messages say more? An AllReduce that
-                # averages; or a right AllReduce of a wrong operand (the local pass).
+            known = next((m for m in ex.mistakes
+                          if key in m.outputs and close(got, m.outputs[key][r])), None)
+            if known:
+                what, hint = known.what, known.hint
+            else:   # No known mistake's formula: do the messages say more? An AllReduce that
+                #     averages; or a right AllReduce of a wrong operand (the local pass).
+                what, hint = _relation(ex, key, r, got, want, t), layer.OUTPUTS[key][2]
                 what, hint = (_averaging(result, case, key, d)
                               or (None if what else
                                   _right_allreduce_wrong_operand(result, case, layer, key, d))
@@ -365,31 +345,24 @@ def _values(result, case, layer):
             return Failure(
                 case.label, f"{_name(key)} equals the unsharded layer's",
                 f"{who(case, g)}: {_name(key)} differs from the unsharded ringlab.nn layer's "
-                f"{layer.BLOCKS[key]} (relative error {rel_error(got, want):.2g}, "
-                f"tolerance {TOL:g})"
-                + (f":\n{what}" if what else ""),
+                f"{layer.OUTPUTS[key][1]} (relative error {rel_error(got, want):.2g}, "
+                f"tolerance {TOL:g})" + (f":\n{what}" if what else ""),
                 expected=numbers(want), got=numbers(got), hint=hint)
     return None
 
 
-def _diagnose(ex, key, r, got, want, t, layer):
-    """(what, hint): the mistake whose formula gives exactly ``got``, else a relation."""
-    for m in ex.mistakes:
-        if key in m.outputs and close(got, m.outputs[key][r]):
-            return m.what, m.hint
+def _relation(ex, key, r, got, want, t):
+    """How a wrong value ``got`` of no known mistake relates to the right one, or ''."""
     if t > 1 and close(got, t * want):
         return (f"it is t = {t} times the right value: summed over the ranks where it was "
-                f"already whole (reduced twice?)", layer.HINTS.get(key))
+                f"already whole (reduced twice?)")
     if t > 1 and close(got, want / t):
         return (f"it is the right value divided by t = {t}: an AllReduce that averages "
-                f"(a mean), where the layer needs the sum?", layer.HINTS.get(key))
+                f"(a mean), where the layer needs the sum?")
     if not np.any(got):
-        return "it is all zeros", layer.HINTS.get(key)
-    for q, other in enumerate(ex.outputs):
-        if q != r and close(got, other[key]):
-            return (f"it is rank {q}'s block, not this rank's: rank r owns block r",
-                    layer.HINTS.get(key))
-    return "", layer.HINTS.get(key)
+        return "it is all zeros"
+    q = next((q for q, o in enumerate(ex.outputs) if q != r and close(got, o[key])), None)
+    return "" if q is None else f"it is rank {q}'s block, not this rank's: rank r owns block r"
 
 
 def _wire(result, case):
@@ -418,48 +391,55 @@ def _f64(pay):
     return type(pay) is np.ndarray and pay.dtype == np.float64
 
 
-def _events(result, case, d, pname):
-    """Group ``d``'s messages in pass ``pname``."""
-    t = case.info["t"]
-    members = range(d * t, (d + 1) * t)
-    return [e for e in result.trace if e.src in members and _pass_of(e) == pname]
+def _pass_of(event):
+    top = event.span.split("/")[0]
+    return next((name for name, span in PASSES.items() if top == span), None)
 
 
-def _allreduce_bytes(p, t):
-    """What one bandwidth-optimal AllReduce of the pass's operand moves in the group."""
-    return 2 * (t - 1) * p.alternatives[0][0].size * 8
+class _Traffic:
+    """Group ``d``'s messages in pass ``name`` (forward or backward) of a run, and
+    what that pass may send (its ``Pass``, ``p``)."""
+
+    def __init__(self, result, case, d, name):
+        self.result, self.case, self.d, self.name = result, case, d, name
+        self.t = case.info["t"]
+        self.members = range(d * self.t, (d + 1) * self.t)
+        self.p = case.info["groups"][d].passes[name]
+        self.events = [e for e in result.trace if e.src in self.members and _pass_of(e) == name]
+        self.got_bytes = sum(e.nbytes for e in self.events)
+
+    @functools.cached_property
+    def lookup(self):
+        return _Lookup(self.p, self.t)
+
+    @property
+    def want_bytes(self):
+        """What one bandwidth-optimal AllReduce of the pass's operand moves in the group."""
+        return 2 * (self.t - 1) * self.p.alternatives[0][0].size * 8
+
+    def fail(self, what, **kw):
+        return Failure(self.case.label, f"{self.name} communication", what, **kw)
 
 
-def _pass_events(result, case, key, d):
-    """The pass that makes ``key`` (y: forward, dx: backward), its name and group
-    ``d``'s messages in it: (name, Pass, events), or None."""
-    pname = {"y": "forward", "dx": "backward"}.get(key)
-    p = case.info["groups"][d].passes.get(pname)
-    if p is None:
-        return None
-    return pname, p, _events(result, case, d, pname)
-
-
-def _averages(pname, e, mean, t, p):
-    return (f"your {pname}'s AllReduce averages: rank {e.src}'s message to rank {e.dst} holds "
-            f"{mean}, divided by t = {t}: a mean of {p.operand}, where the layer needs their sum")
+def _making(result, case, key, d):
+    """The traffic of the pass that makes ``key`` (y: forward, dx: backward) in group
+    ``d``, or None."""
+    name = {"y": "forward", "dx": "backward"}.get(key)
+    return _Traffic(result, case, d, name) if name in case.info["groups"][d].passes else None
 
 
 def _averaging(result, case, key, d):
     """(what, hint) when a message of the pass that makes ``key`` holds partial sums
     of its operand divided by t: the AllReduce averages. Else None."""
-    found, t = _pass_events(result, case, key, d), case.info["t"]
-    if found is None or found[1].allreduces != 1 or result.payloads is None:
+    tr = _making(result, case, key, d)
+    if tr is None or tr.p.allreduces != 1 or result.payloads is None:
         return None
-    pname, p, events = found
-    lookup = _Lookup(p, t)
-    for e in events:
+    for e in tr.events:
         pay = result.payload(e)
-        if not _f64(pay):
-            continue
-        mean = None if all(x is not None for x in lookup.read(pay)) else _averaged(p, t, pay)
-        if mean is not None:
-            return _averages(pname, e, mean, t, p), AVERAGE_HINT
+        if _f64(pay) and any(x is None for x in tr.lookup.read(pay)):
+            mean = _averaged(tr, e, pay)
+            if mean is not None:
+                return mean, AVERAGE_HINT
     return None
 
 
@@ -470,41 +450,30 @@ def _right_allreduce_wrong_operand(result, case, layer, key, d):
     sent before it received anything, is not its own part of the operand: the
     local computation before the AllReduce is wrong, not the AllReduce (whose
     mistakes, a chunk in the wrong slot, show only in later messages). Else None."""
-    found, t = _pass_events(result, case, key, d), case.info["t"]
-    local = getattr(layer, "LOCAL", {}).get(key)
-    if found is None or local is None:
+    tr, local = _making(result, case, key, d), getattr(layer, "LOCAL", {}).get(key)
+    if tr is None or local is None:
         return None
-    pname, p, events = found
-    if t == 1:
-        return (f"with t = 1 nothing is communicated: your {pname} itself computes it wrong",
+    if tr.t == 1:
+        return (f"with t = 1 nothing is communicated: your {tr.name} itself computes it wrong",
                 local)
-    if p.allreduces != 1:
-        return None
-    members = range(d * t, (d + 1) * t)
     i = list(case.info["groups"][d].outputs[0]).index(key)
-    values = [result.outputs[g][1 + i] for g in members]
-    want_bytes = _allreduce_bytes(p, t)
-    if (sum(e.nbytes for e in events) != want_bytes or result.payloads is None
+    values = [result.outputs[g][1 + i] for g in tr.members]
+    if (tr.p.allreduces != 1 or tr.got_bytes != tr.want_bytes or result.payloads is None
             or not all(close(v, values[0]) for v in values[1:])):
         return None
-    lookup = _Lookup(p, t)
-    for r, g in enumerate(members):
+    for r, g in enumerate(tr.members):
         # A rank's first message, sent before it received anything in the pass, can hold
         # only its own operand: if it does not, the operand is wrong, not the AllReduce.
-        sent = [e for e in events if e.src == g]
-        got = [e.step for e in events if e.dst == g]
-        if not sent:
+        e = min((e for e in tr.events if e.src == g), key=lambda e: e.step, default=None)
+        got = [x.step for x in tr.events if x.dst == g]
+        if e is None or got and e.step > min(got) or not _f64(pay := result.payload(e)):
             continue
-        e = min(sent, key=lambda e: e.step)
-        pay = result.payload(e)
-        if got and e.step > min(got) or not _f64(pay):
-            continue
-        if any(x is None or x[0] != SUM or x[1] != (r,) for x in lookup.read(pay)):
+        if any(x is None or x[0] != SUM or x[1] != (r,) for x in tr.lookup.read(pay)):
             return (f"the AllReduce is right (every rank ends with the same {_name(key)}, and "
-                    f"your {pname} moved exactly one AllReduce's {want_bytes} bytes), but what "
-                    f"it sums is not {p.operand}: rank {e.src}'s first message, sent before "
-                    f"it received anything, holds values that are not its part of it. The "
-                    f"local {pname} before the AllReduce is wrong.", local)
+                    f"your {tr.name} moved exactly one AllReduce's {tr.want_bytes} bytes), but "
+                    f"what it sums is not {tr.p.operand}: rank {e.src}'s first message, sent "
+                    f"before it received anything, holds values that are not its part of it. "
+                    f"The local {tr.name} before the AllReduce is wrong.", local)
     return None
 
 
@@ -520,29 +489,22 @@ class _Lookup:
     """Every value a message of one pass may hold, sorted, to read payloads element by element."""
 
     def __init__(self, p, t):
-        vals, kinds, info, where = [], [], [], []
+        vals, self.meta = [np.zeros(0)], []    # meta: (kind, info, element of a SUM or -1)
 
         def add(arr, kind, what):
-            a = np.asarray(arr, dtype=np.float64).ravel()
-            vals.append(a)
-            kinds.append(np.full(a.size, kind))
-            info.extend([what] * a.size)
-            where.append(np.arange(a.size) if kind == SUM else np.full(a.size, -1))
+            vals.append(np.asarray(arr, dtype=np.float64).ravel())
+            self.meta += [(kind, what, i if kind == SUM else -1) for i in range(vals[-1].size)]
 
         for alt in p.alternatives:
             for mask in range(1, 2 ** t):
                 members = tuple(r for r in range(t) if mask >> r & 1)
                 add(sum(alt[r] for r in members), SUM, members)
-            total = sum(alt)
             for k in range(2, t + 1):     # sums of an already reduced value: a second AllReduce
-                add(k * total, RESUM, k)
+                add(k * sum(alt), RESUM, k)
         for label, (arrays, _, _) in p.raw.items():
             for r, a in enumerate(arrays):
                 add(a, RAW, (label, r))
-        self.vals = np.concatenate(vals) if vals else np.zeros(0)
-        self.kinds = np.concatenate(kinds) if kinds else np.zeros(0, int)
-        self.info = info
-        self.where = np.concatenate(where) if where else np.zeros(0, int)   # element of a SUM
+        self.vals = np.concatenate(vals)
         self.order = np.argsort(self.vals, kind="stable")
         self.sorted = self.vals[self.order]
         scale = np.abs(self.vals).max(initial=0.0)
@@ -553,24 +515,12 @@ class _Lookup:
         v = np.asarray(payload, dtype=np.float64).ravel()
         lo = np.searchsorted(self.sorted, v - self.tol, "left")
         hi = np.searchsorted(self.sorted, v + self.tol, "right")
-        out = []
-        for a, b in zip(lo, hi):
-            if a >= b:
-                out.append(None)
-                continue
-            idx = self.order[a:b]
-            best = idx[np.argmin(self.kinds[idx])]
-            out.append((int(self.kinds[best]), self.info[best], int(self.where[best])))
-        return out
-
-
-def _pass_of(event):
-    top = event.span.split("/")[0]
-    return next((name for name, span in PASSES.items() if top == span), None)
+        # the lowest kind among the matches (SUM before RAW before RESUM), the first of those
+        return [None if a >= b else min((self.meta[i] for i in self.order[a:b]), key=lambda m: m[0])
+                for a, b in zip(lo, hi)]
 
 
 def _messages(result, case, layer):
-    t, mesh = case.info["t"], case.info["mesh"]
     for e in result.trace:
         if _pass_of(e) is None:
             return Failure(case.label, "messages only in forward and backward",
@@ -578,141 +528,127 @@ def _messages(result, case, layer):
                            f"and backward (span {e.span!r})",
                            hint="Communicate only inside the function and inside backward.")
     for d, ex in enumerate(case.info["groups"]):
-        members = range(d * t, (d + 1) * t)
-        label = None if mesh is None else f"tp[{d}]"
-        for pname, p in ex.passes.items():
-            events = _events(result, case, d, pname)
-            failure = (_group(events, case, label, members) or
-                       _pass(result, case, events, pname, p, t, layer, members[0]))
+        for name in ex.passes:
+            tr = _Traffic(result, case, d, name)
+            failure = _group(tr) or _pass(tr, layer)
             if failure:
                 return failure
     return None
 
 
-def _comm_failure(case, pname, what, **kw):
-    return Failure(case.label, f"{pname} communication", what, **kw)
-
-
-def _group(events, case, label, members):
+def _group(tr):
     # By ranks, not by the group's name: a group the learner made of some or all of
     # the tp group's ranks still keeps the layer's messages inside the tp group.
-    for e in events:
-        if e.dst not in members:
-            return Failure(case.label, "messages stay in the tensor-parallel group",
-                           f"{who(case, e.src)} sent {who(case, e.dst)} a message in group "
+    label = "the world" if tr.case.info["mesh"] is None else f"tp[{tr.d}]"
+    for e in tr.events:
+        if e.dst not in tr.members:
+            return Failure(tr.case.label, "messages stay in the tensor-parallel group",
+                           f"{who(tr.case, e.src)} sent {who(tr.case, e.dst)} a message in group "
                            f"{e.group or 'the world'}",
                            expected=f"every message of the layer in comm, the tp group "
-                                    f"({label or 'the world'}: ranks {members[0]}-{members[-1]})",
+                                    f"({label}: ranks {tr.members[0]}-{tr.members[-1]})",
                            got=e.describe(),
                            hint="Use only the comm you are given: it is the tensor-parallel group "
                                 "(ranks are numbered 0..t-1 in it).")
     return None
 
 
-def _pass(result, case, events, pname, p, t, layer, first):
+def _pass(tr, layer):
     """The messages of one pass: none where it needs none; else each one read element
     by element, then their volume, then whether every rank heard every part."""
-    if p.allreduces == 0:
-        return _silent(result, case, events, pname, p, t, layer)
-    lookup = _Lookup(p, t)
-    heard = np.zeros((t, t, p.alternatives[0][0].size), dtype=bool)  # [r, q, i]: rank r got
-    for e in events:                                                  # rank q's part of element i
-        pay = _payload(result, e)
+    if tr.p.allreduces == 0:
+        return _silent(tr, layer)
+    t = tr.t
+    heard = np.zeros((t, t, tr.p.alternatives[0][0].size), dtype=bool)  # [r, q, i]: rank r
+    for e in tr.events:                                             # got rank q's part of i
+        pay = _payload(tr.result, e)
         if pay is None:
             continue
-        read = lookup.read(pay) if _f64(pay) else None
-        failure = _wrong_message(case, events, pname, p, t, e, pay, read)
+        read = tr.lookup.read(pay) if _f64(pay) else None
+        failure = _wrong_message(tr, e, pay, read)
         if failure:
             return failure
         for _, members, i in read:
-            heard[e.dst - first, list(members), i] = True
-    return _volume(case, events, pname, p, t) or _heard_all(case, pname, p, t, heard, first)
+            heard[e.dst - tr.members[0], list(members), i] = True
+    return _volume(tr) or _heard_all(tr, heard)
 
 
-def _silent(result, case, events, pname, p, t, layer):
-    """A pass that needs no communication must send nothing."""
-    if not events:
+def _silent(tr, layer):
+    """A pass that needs no communication must send nothing (else: what the first
+    message carried, when it is known data)."""
+    if not tr.events:
         return None
-    e = events[0]
-    carried = _describe(result, e, p, t)
-    return _comm_failure(case, pname,
-                         f"your {pname} sends {len(events)} message(s), "
-                         f"{sum(e.nbytes for e in events)} bytes in all; {layer.NO_COMM[pname]}",
-                         expected="no message in " + pname,
-                         got=f"first: rank {e.src} -> rank {e.dst}, {e.nbytes // 8} elements"
-                             + (f": {carried}" if carried else ""),
-                         hint=p.hint)
+    e = tr.events[0]
+    pay = _payload(tr.result, e)
+    read = tr.lookup.read(pay) if _f64(pay) and pay.size else [None]
+    carried = (f": {tr.p.raw[read[0][1][0]][1]}"
+               if all(x is not None and x[0] == RAW for x in read) else "")
+    return tr.fail(f"your {tr.name} sends {len(tr.events)} message(s), {tr.got_bytes} bytes in "
+                   f"all; {layer.NO_COMM[tr.name]}", expected="no message in " + tr.name,
+                   got=f"first: rank {e.src} -> rank {e.dst}, {e.nbytes // 8} elements{carried}",
+                   hint=tr.p.hint)
 
 
-def _wrong_message(case, events, pname, p, t, e, pay, read):
+def _wrong_message(tr, e, pay, read):
     """Message ``e`` (payload ``pay``, its elements ``read``, None if not float64) must
     hold partial sums of the pass's operand, each summed once: else a Failure."""
+    p = tr.p
     if read is None:
-        return _not_operand(case, pname, p, e, pay, f"an array of dtype "
+        return _not_operand(tr, e, pay, f"an array of dtype "
                             f"{getattr(pay, 'dtype', type(pay).__name__)}")
     if any(x is None for x in read):
-        mean = _averaged(p, t, pay)
+        mean = _averaged(tr, e, pay)
         if mean is not None:
-            return _comm_failure(case, pname, _averages(pname, e, mean, t, p),
-                                 expected=f"one AllReduce that sums {p.operand} (op SUM): "
-                                          f"partial sums, undivided",
-                                 got=f"{pay.size} values: {numbers(pay)}", hint=AVERAGE_HINT)
+            return tr.fail(mean, expected=f"one AllReduce that sums "
+                           f"{p.operand} (op SUM): partial sums, undivided",
+                           got=f"{pay.size} values: {numbers(pay)}", hint=AVERAGE_HINT)
         bad = pay.ravel()[[i for i, x in enumerate(read) if x is None]]
-        held = "zeros" if not np.any(bad) else f"{bad.size} value(s) that are not"
-        return _not_operand(case, pname, p, e, pay, held)
-    got_bytes, want_bytes = sum(e.nbytes for e in events), _allreduce_bytes(p, t)
+        return _not_operand(tr, e, pay, "zeros" if not np.any(bad)
+                            else f"{bad.size} value(s) that are not")
     raw = next((x[1] for x in read if x[0] == RAW), None)
     if raw is not None:
         arrays, words, hint = p.raw[raw[0]]
-        return _comm_failure(case, pname,
-                             f"your {pname} sends {words} (rank {e.src} -> rank {e.dst}, "
-                             f"{pay.size} of rank {raw[1]}'s {arrays[raw[1]].size} elements): "
-                             f"{hint}",
-                             expected=f"one AllReduce of {p.operand}: {want_bytes} bytes in the "
-                                      f"group, partial sums of it and nothing else",
-                             got=f"{got_bytes} bytes, {len(events)} message(s); this one holds "
-                                 f"{numbers(pay)}",
-                             hint=p.hint)
+        return tr.fail(f"your {tr.name} sends {words} (rank {e.src} -> rank {e.dst}, {pay.size} "
+                       f"of rank {raw[1]}'s {arrays[raw[1]].size} elements): {hint}",
+                       expected=f"one AllReduce of {p.operand}: {tr.want_bytes} bytes in the "
+                                f"group, partial sums of it and nothing else",
+                       got=f"{tr.got_bytes} bytes, {len(tr.events)} message(s); this one holds "
+                           f"{numbers(pay)}", hint=p.hint)
     if any(x[0] == RESUM for x in read):
-        return _comm_failure(case, pname,
-                             f"your {pname} all-reduces {p.operand} twice: rank {e.src}'s "
-                             f"message to rank {e.dst} sums values that are already the total "
-                             f"over the {t} ranks",
-                             expected=f"one AllReduce: {want_bytes} bytes in the group",
-                             got=f"{got_bytes} bytes", hint=p.hint)
+        return tr.fail(f"your {tr.name} all-reduces {p.operand} twice: rank {e.src}'s message to "
+                       f"rank {e.dst} sums values that are already the total over the {tr.t} "
+                       f"ranks", expected=f"one AllReduce: {tr.want_bytes} bytes in the group",
+                       got=f"{tr.got_bytes} bytes", hint=p.hint)
     return None
 
 
-def _volume(case, events, pname, p, t):
+def _volume(tr):
     """The pass's messages must add up to one bandwidth-optimal AllReduce's bytes."""
-    got_bytes, want_bytes = sum(e.nbytes for e in events), _allreduce_bytes(p, t)
-    if got_bytes == want_bytes:
+    got, want, op = tr.got_bytes, tr.want_bytes, tr.p.operand
+    if got == want:
         return None
-    n = p.alternatives[0][0].size
-    times = got_bytes / want_bytes if want_bytes else float("inf")
-    if got_bytes == 0:
-        what = f"your {pname} has no AllReduce of {p.operand}"
+    n = tr.p.alternatives[0][0].size
+    times = got / want if want else float("inf")
+    if got == 0:
+        what = f"your {tr.name} has no AllReduce of {op}"
     elif times == int(times):
-        what = (f"your {pname} moves {int(times)}x the bytes of one AllReduce of "
-                f"{p.operand}: {int(times)} AllReduces of it?")
+        what = (f"your {tr.name} moves {int(times)}x the bytes of one AllReduce of {op}: "
+                f"{int(times)} AllReduces of it?")
     elif times > 1:
-        what = (f"your {pname} moves {ratio(got_bytes, want_bytes)}x the bytes of one "
-                f"bandwidth-optimal AllReduce of {p.operand} (every rank sending its "
-                f"whole part to every other rank?)")
+        what = (f"your {tr.name} moves {ratio(got, want)}x the bytes of one bandwidth-optimal "
+                f"AllReduce of {op} (every rank sending its whole part to every other rank?)")
     else:
-        what = (f"your {pname} moves only {ratio(got_bytes, want_bytes)}x the bytes of "
-                f"one AllReduce of {p.operand}: part of it (a ReduceScatter without its "
-                f"AllGather?)")
-    return _comm_failure(case, pname, what,
-                         expected=f"{want_bytes} bytes in the group: one AllReduce of {n} "
-                                  f"elements on t = {t} ranks moves 2(t-1) x {n} x 8 bytes "
-                                  f"(ring_allreduce)",
-                         got=f"{got_bytes} bytes in {len(events)} message(s)", hint=p.hint)
+        what = (f"your {tr.name} moves only {ratio(got, want)}x the bytes of one AllReduce of "
+                f"{op}: part of it (a ReduceScatter without its AllGather?)")
+    return tr.fail(what, expected=f"{want} bytes in the group: one AllReduce of {n} elements on "
+                                  f"t = {tr.t} ranks moves 2(t-1) x {n} x 8 bytes (ring_allreduce)",
+                   got=f"{got} bytes in {len(tr.events)} message(s)", hint=tr.p.hint)
 
 
-def _averaged(p, t, pay):
-    """Words for a message whose every element is a partial sum of the pass's operand
-    divided by t (an averaging AllReduce's), or None."""
+def _averaged(tr, e, pay):
+    """What a report says of message ``e`` (payload ``pay``) when its every element is a
+    partial sum of the pass's operand divided by t (an averaging AllReduce's); else None."""
+    p, t = tr.p, tr.t
     if t < 2:
         return None
     scaled = Pass(p.allreduces, p.operand, [[a / t for a in alt] for alt in p.alternatives])
@@ -720,53 +656,42 @@ def _averaged(p, t, pay):
     if not read or any(x is None or x[0] != SUM for x in read):
         return None
     widest = max(len(x[1]) for x in read)
-    return ("the sum over all the ranks" if widest == t
-            else f"partial sums over {widest} rank(s)")
+    mean = "the sum over all the ranks" if widest == t else f"partial sums over {widest} rank(s)"
+    return (f"your {tr.name}'s AllReduce averages: rank {e.src}'s message to rank {e.dst} holds "
+            f"{mean}, divided by t = {t}: a mean of {p.operand}, where the layer needs their sum")
 
 
-def _heard_all(case, pname, p, t, heard, first):
+def _heard_all(tr, heard):
     """Every rank's messages must bring it every other rank's part of every element: an
     AllReduce's result travels in its messages. Right-looking messages of the right volume
     whose sum reached the ranks some other way (shared Python memory) fail here."""
-    for r in range(t):
+    for r in range(tr.t):
         heard[r, r] = True
         missing = np.argwhere(~heard[r])
         if missing.size:
             q, i = missing[0]
-            return _comm_failure(
-                case, pname, f"{who(case, first + r)} returns the sum, but no message it "
-                             f"received holds rank {q}'s part of element {i} of {p.operand}: "
-                             f"the sum did not come through the messages",
+            return tr.fail(
+                f"{who(tr.case, tr.members[0] + r)} returns the sum, but no message it received "
+                f"holds rank {q}'s part of element {i} of {tr.p.operand}: the sum did not come "
+                f"through the messages",
                 expected="every rank receives, in partial sums, every other rank's part of "
                          "every element (what an AllReduce does)",
                 got=f"{int((~heard[r]).sum())} (rank, element) parts never received by rank {r}",
-                hint=p.hint + " The grader reads every message: data shared some other way "
-                              "does not pass.")
+                hint=tr.p.hint + " The grader reads every message: data shared some other way "
+                                 "does not pass.")
     return None
 
 
-def _describe(result, e, p, t):
-    """Words for what a message holds, when it holds known data; else ''."""
-    pay = _payload(result, e)
-    if not (_f64(pay) and pay.size):
-        return ""
-    read = _Lookup(p, t).read(pay)
-    if all(x is not None and x[0] == RAW for x in read):
-        return p.raw[read[0][1][0]][1]
-    return ""
-
-
-def _not_operand(case, pname, p, e, pay, held):
-    return _comm_failure(case, pname,
-                         f"in your {pname}, rank {e.src} sent rank {e.dst} {held}"
-                         + ("" if held == "zeros" or held.startswith("an array") else
-                            f" {p.operand}, nor a partial sum of it over some of the ranks"),
-                         expected=f"pieces of {p.operand}, summed over some of the ranks, as "
-                                  f"float64 (what every AllReduce algorithm sends)",
-                         got=numbers(pay) if isinstance(pay, np.ndarray) else repr(pay)[:100],
-                         hint=p.hint + " The grader reads every message: zeros or stand-ins "
-                                       "sent for show, with the data shared some other way, do "
-                                       "not pass.")
+def _not_operand(tr, e, pay, held):
+    op = tr.p.operand
+    return tr.fail(f"in your {tr.name}, rank {e.src} sent rank {e.dst} {held}"
+                   + ("" if held == "zeros" or held.startswith("an array") else
+                      f" {op}, nor a partial sum of it over some of the ranks"),
+                   expected=f"pieces of {op}, summed over some of the ranks, as float64 (what "
+                            f"every AllReduce algorithm sends)",
+                   got=numbers(pay) if isinstance(pay, np.ndarray) else repr(pay)[:100],
+                   hint=tr.p.hint + " The grader reads every message: zeros or stand-ins sent "
+                                    "for show, with the data shared some other way, do not pass.")
 
 
 # ------------------------------------------------------- what the four layers describe
@@ -795,38 +720,30 @@ def grader(layer):
     return cases, check_layer
 
 
-def owned(layer, dims, t, r):
-    """Rank r's part of each weight argument: {argument: (axis, indices)}."""
-    idx = layer.mine(dims, t, r)
-    return {1 + i: (layer.SPLIT[n][0], idx[layer.SPLIT[n][1]])
-            for i, n in enumerate(layer.GRADS) if n in layer.SPLIT}
-
-
 def shard(whole, split, idx):
     """One rank's part of each array of ``whole``, by ``split`` and its indices ``idx``."""
     return {k: v if k not in split else np.take(v, idx[split[k][1]], axis=split[k][0])
             for k, v in whole.items()}
 
 
-def by_key(shards, keys):
-    """{key: the t ranks' values} of the t ranks' dicts."""
-    return {k: [s[k] for s in shards] for k in keys}
+def resharded(whole, split, idx, keys):
+    """{key: the t ranks' parts} of ``whole`` were rank r's indices ``idx[r]``: the
+    values of a program that split the layer otherwise."""
+    parts = [shard(whole, split, i) for i in idx]
+    return {k: [p[k] for p in parts] for k in keys}
 
 
-def params(module, names):
-    """``module``'s parameters ``names``, in that order."""
-    return tuple(module.named_parameters()[n] for n in names)
-
-
-def unsharded(module, names, w, x, dy):
-    """``module`` given the weights ``w`` (in ``names`` order), forward on ``x`` and
-    backward on ``dy``: {"y", "dx", each gradient}, the answers of the whole layer."""
-    for name, v in zip(names, w):
+def answers(layer, rng, w, x, dy, dims, t):
+    """The unsharded layer (``layer.MODULE``, made with ``rng``) given the weights ``w``
+    (in ``layer.GRADS`` order), forward on ``x`` and backward on ``dy``: its {"y", "dx",
+    each gradient}; each rank's indices (``layer.mine``) and its part of that."""
+    module = layer.MODULE(dims[2], dims[3], rng)
+    for name, v in zip(layer.GRADS, w):
         module.named_parameters()[name][...] = v
-    y = module.forward(x)
-    dx = module.backward(dy)
-    grads = module.named_grads()
-    return {"y": y, "dx": dx, **{n: grads[n] for n in names}}
+    whole = {"y": module.forward(x), "dx": module.backward(dy)}      # forward, then backward
+    whole.update((n, module.named_grads()[n]) for n in layer.GRADS)
+    idx = [layer.mine(dims, t, r) for r in range(t)]
+    return whole, idx, [shard(whole, layer.SPLIT, i) for i in idx]
 
 
 def g_mistakes(parts, bias, t, bias_name, alone, hint):
@@ -839,20 +756,27 @@ def g_mistakes(parts, bias, t, bias_name, alone, hint):
 
 
 # -- the MLP and attention: f -> local work -> g, one AllReduce each way -------------------
-# What the two blocks' tables say alike: Y and dX whole on every rank, proj's bias whole.
-BLOCK_SHAPES = {"y": "(b, s, h): the whole Y on every rank", "dx": "(b, s, h): the whole dX",
-                "proj.bias": "(h,): the whole db"}
-BLOCK_BLOCKS = {"y": "whole Y", "dx": "whole dX", "proj.bias": "whole proj db"}
+# What the two blocks' OUTPUTS say alike: Y and dX whole on every rank, proj's bias whole.
+BLOCK_OUTPUTS = {"y": ("(b, s, h): the whole Y on every rank", "whole Y"),
+                 "dx": ("(b, s, h): the whole dX", "whole dX"),
+                 "proj.bias": ("(h,): the whole db", "whole proj db")}
 PROJ_BIAS_HINT = "proj's db = dY summed over batch and sequence, on every rank: no AllReduce."
 G_ONCE = "AllReduce it once (Megatron's g), then add proj_bias once."
+SWAPPED_HINT = ("f: identity forward, AllReduce of dX backward; g: AllReduce of Y forward, "
+                "identity backward.")
 
 
 def f_hint(through):
     """A block's hint for backward: rank r's dX flows only ``through`` its part."""
     return (f"Backward, rank r's dX is only the part that flows through its {through}: "
             f"AllReduce it once (Megatron's f).")
-SWAPPED_HINT = ("f: identity forward, AllReduce of dX backward; g: AllReduce of Y forward, "
-                "identity backward.")
+
+
+def block_outputs(g_hint, f_hint, grads):
+    """A block's OUTPUTS: Y and dX (hints ``g_hint``, ``f_hint``) and proj's bias whole on
+    every rank, and ``grads``: {name: (shape, block, hint)}."""
+    return {"y": (*BLOCK_OUTPUTS["y"], g_hint), "dx": (*BLOCK_OUTPUTS["dx"], f_hint), **grads,
+            "proj.bias": (*BLOCK_OUTPUTS["proj.bias"], PROJ_BIAS_HINT)}
 
 
 def block_passes(x, dy, bias, t, forward, backward, g_hint, f_hint):
@@ -884,18 +808,20 @@ def block_mistakes(parts, partial_dx, bias, t, swapped, whose, g_hint, f_hint):
 
 
 # -- the two linear-layer graders share their problem: ``Linear(d_in, d_out)`` ------------
+def linear_layer(name):
+    """What the two linear layers' graders share: GRADS, MODULE, RETURNS and describe."""
+    return (("weight", "bias"), Linear, f"{name}(comm, x, weight, bias) -> (y, backward); "
+            "backward(dy) -> (dx, {'weight': ..., 'bias': ...})", describe_linear)
+
+
 def describe_linear(dims):
     b, s, di, do = dims
     return f"x (b={b}, s={s}, d_in={di}), weight ({di}, {do})"
 
 
-def linear_weights(rng, dims):
-    return params(Linear(dims[2], dims[3], rng), ("weight", "bias"))
-
-
-def run_linear(w, rng, dims):
-    """Random x and dy for ``dims = (b, s, d_in, d_out)``, and the unsharded
-    layer's answers: ``(x, dy, {"y", "dx", "weight", "bias"})``."""
+def linear_group(layer, w, rng, dims, t):
+    """Random x and dy for ``dims = (b, s, d_in, d_out)``, and ``answers`` of the
+    unsharded layer: ``(x, dy, whole, idx, outputs)``."""
     b, s, di, do = dims
     x, dy = rng.standard_normal((b, s, di)), rng.standard_normal((b, s, do))
-    return x, dy, unsharded(Linear(di, do, rng), ("weight", "bias"), w, x, dy)
+    return (x, dy, *answers(layer, rng, w, x, dy, dims, t))

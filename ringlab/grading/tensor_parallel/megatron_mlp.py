@@ -1,22 +1,13 @@
 """Grader for exercise ``megatron_mlp``: the transformer MLP split by hidden units.
 
-Signature: ``megatron_mlp(comm, x, fc_weight, fc_bias, proj_weight, proj_bias)
--> (y, backward)``, y = GeLU(x @ fc_weight + fc_bias) @ proj_weight + proj_bias
-(GeLU's tanh approximation, ``ringlab.nn.GeLU()``). x (b, s, h) is the same on
-every rank; the weights are whole and rank r owns hidden units block r: those
-columns of fc and rows of proj. y (b, s, h) whole on every rank;
-``backward(dy)``, dy (b, s, h) the same on every rank, returns dx (b, s, h)
-whole and ``{"fc.weight", "fc.bias", "proj.weight", "proj.bias"}``, this
-rank's blocks (proj.bias whole). Exactly one AllReduce forward (g) and one
-backward (f), each of b*s*h elements.
-
-Checks (see ``_common.py``), t = 1 to 4, b and s not multiples of t, tp groups
-of 2x2 and 2x3 meshes: it runs; shapes; values equal ``ringlab.nn.MLP``'s
-(relative error 1e-10), with the usual mistakes diagnosed (no AllReduce in a
-pass, f and g swapped, the bias counted t times, GeLU applied to partial sums,
-the exact GeLU, hidden units not block r); the messages of each pass are
-partial sums of the ranks' partial products and add up to one AllReduce;
-shipping hidden activations or their gradients instead fails.
+``megatron_mlp(comm, x, fc_weight, fc_bias, proj_weight, proj_bias) -> (y, backward)``,
+y = GeLU(x @ fc_weight + fc_bias) @ proj_weight + proj_bias (``ringlab.nn.GeLU()``, the
+tanh form). x (b, s, h) and the whole weights are on every rank, which owns hidden
+units block r: those columns of fc and rows of proj. y whole on every rank;
+``backward(dy)`` returns dx whole and ``{"fc.weight", "fc.bias", "proj.weight",
+"proj.bias"}``, this rank's blocks (proj.bias whole). Exactly one AllReduce forward (g)
+and one backward (f), each of b*s*h elements. The checks are ``_common``'s; the usual
+mistakes (GeLU of partial sums, the exact GeLU, ...) are the formulas of ``group``.
 """
 
 import sys
@@ -25,32 +16,29 @@ import numpy as np
 
 from . import _common as common
 from ._common import DEPENDS_ON_ALL, USES  # noqa: F401 (see there)
-from ._common import Expected, Mistake, block, by_key, shard
+from ._common import Expected, Mistake, block
 from ...nn import MLP, GeLU
 
 NAME = "megatron_mlp"
-GRADS = ("fc.weight", "fc.bias", "proj.weight", "proj.bias")
+GRADS, MODULE = ("fc.weight", "fc.bias", "proj.weight", "proj.bias"), MLP
 # (b, s, h, H4) for each of the groups every layer is graded on
 CASES = common.on_groups([(3, 5, 4, 8), (2, 3, 4, 8), (2, 5, 6, 12), (3, 5, 6, 16),
                           (3, 3, 4, 10), (2, 4, 5, 9), (5, 2, 8, 24)])
 RETURNS = ("megatron_mlp(comm, x, fc_weight, fc_bias, proj_weight, proj_bias) -> (y, backward); "
            "backward(dy) -> (dx, {'fc.weight', 'fc.bias', 'proj.weight', 'proj.bias'})")
-SHAPES = {**common.BLOCK_SHAPES, "fc.weight": "(h, H4/t): this rank's columns of fc",
-          "fc.bias": "(H4/t,)", "proj.weight": "(H4/t, h): this rank's rows of proj"}
 SHAPE_HINT = ("Rank r owns hidden units r*H4/t .. (r+1)*H4/t - 1: fc_weight[:, hid], "
               "fc_bias[hid], proj_weight[hid, :], and the whole proj_bias.")
-BLOCKS = {**common.BLOCK_BLOCKS, "fc.weight": "columns of fc's dW (this rank's)",
-          "fc.bias": "part of fc's db (this rank's)",
-          "proj.weight": "rows of proj's dW (this rank's)"}
 G_HINT = ("fc is column-parallel and proj row-parallel: rank r computes GeLU(x A_r + a_r) B_r, a "
           "partial sum of Y. " + common.G_ONCE)
 F_HINT = common.f_hint("hidden units")
-HINTS = {"y": G_HINT, "dx": F_HINT,
-         "fc.weight": "fc's dW_r = x^T dU_r, dU_r the gradient of your hidden "
-                      "pre-activations: local.",
-         "fc.bias": "fc's db_r = dU_r summed over batch and sequence: local.",
-         "proj.weight": "proj's dW_r = GeLU(U_r)^T dY over all b*s rows: local.",
-         "proj.bias": common.PROJ_BIAS_HINT}
+# Of each output: its shape, which block of the unsharded layer's it is, a hint when it is wrong.
+OUTPUTS = common.block_outputs(G_HINT, F_HINT, {
+    "fc.weight": ("(h, H4/t): this rank's columns of fc", "columns of fc's dW (this rank's)",
+                  "fc's dW_r = x^T dU_r, dU_r the gradient of your hidden pre-activations: local."),
+    "fc.bias": ("(H4/t,)", "part of fc's db (this rank's)",
+                "fc's db_r = dU_r summed over batch and sequence: local."),
+    "proj.weight": ("(H4/t, h): this rank's rows of proj", "rows of proj's dW (this rank's)",
+                    "proj's dW_r = GeLU(U_r)^T dY over all b*s rows: local.")})
 # A wrong value made before a right AllReduce: the local part of the pass.
 LOCAL = {"y": "Forward on rank r: GeLU(x @ A_r + a_r) @ B_r, with ringlab.nn's GeLU (tanh "
               "form), then the AllReduce, then proj_bias once.",
@@ -71,10 +59,6 @@ def describe(dims):
     return f"x (b={b}, s={s}, h={h}), hidden H4={h4}"
 
 
-def weights(rng, dims):
-    return common.params(MLP(dims[2], dims[3], rng), GRADS)
-
-
 def _forward(x, A, a, B, approximate="tanh"):
     act = GeLU(approximate)
     u = x @ A + a
@@ -85,30 +69,27 @@ def group(w, rng, dims, t):
     b, s, h, h4 = dims
     A, a, B, c = w
     x, dy = rng.standard_normal((b, s, h)), rng.standard_normal((b, s, h))
-    whole = common.unsharded(MLP(h, h4, rng), GRADS, w, x, dy)
-    outputs = [shard(whole, SPLIT, mine(dims, t, r)) for r in range(t)]
-    hid = [mine(dims, t, r)["cols"] for r in range(t)]
+    whole, idx, outputs = common.answers(sys.modules[__name__], rng, w, x, dy, dims, t)
+    hid = [i["cols"] for i in idx]
     parts, hs, us, dus, partial_dx = [], [], [], [], []
     for k in hid:
         act, u, hk, p = _forward(x, A[:, k], a[k], B[k])
         du = act.backward(dy @ B[k].T)
         parts.append(p), hs.append(hk), us.append(u), dus.append(du)
         partial_dx.append(du @ A[:, k].T)
-    n = b * s * h
     gather = ("an AllGather of the hidden activations, so that every rank multiplies all of "
               "them by the whole proj weight; the Megatron MLP sums partial products with one "
               "AllReduce (g)")
     passes = common.block_passes(
-        x, dy, c, t, (f"the partial products GeLU(x A_r + a_r) B_r ({n} elements)", parts,
+        x, dy, c, t, (f"the partial products GeLU(x A_r + a_r) B_r ({b * s * h} elements)", parts,
                       {"H": (hs, "your hidden activations GeLU(x A_r + a_r)", gather),
                        "U": (us, "your hidden pre-activations x A_r + a_r", gather)}),
-        (f"the partial dX (dU_r A_r^T, {n} elements)", partial_dx,
+        (f"the partial dX (dU_r A_r^T, {b * s * h} elements)", partial_dx,
          {"dU": (dus, "the gradient of your hidden units",
                  "an AllGather of the hidden units' gradients, so that every rank multiplies "
                  "them by the whole fc weight; backward sums the partial dX with one AllReduce "
                  "(f)")}), G_HINT, F_HINT)
     total = sum(parts)
-    rows = np.array_split(np.arange(h), t)
     swapped = [_forward(t * x, A[:, k], a[k], B[k])[3] + c for k in hid]
     mistakes = common.block_mistakes(parts, partial_dx, c, t, swapped, "your hidden units'",
                                      G_HINT, F_HINT) + [
@@ -118,8 +99,8 @@ def group(w, rng, dims, t):
                 "dX all-reduced twice: the result is t times the sum", F_HINT),
         Mistake({"y": [sum(_forward(x, A[:, k], a[k], B[k], "none")[3] for k in hid) + c] * t},
                 "you used the exact (erf) GeLU; the exercise uses the tanh approximation",
-                "Use ringlab.nn.GeLU() (approximate='tanh'), as ringlab.nn.MLP does."),
-    ]
+                "Use ringlab.nn.GeLU() (approximate='tanh'), as ringlab.nn.MLP does.")]
+    rows = np.array_split(np.arange(h), t)
     for bias_on in ("every", "first"):
         y_bad = sum(_forward(x[..., rw], A[rw], a if bias_on == "every" or r == 0 else 0, B)[3]
                     for r, rw in enumerate(rows)) + c
@@ -131,12 +112,11 @@ def group(w, rng, dims, t):
             "pre-activations, GeLU applies exactly, and only proj's output needs the AllReduce."))
     strided = [{"cols": np.arange(r, h4, t), "rows": np.arange(r, h4, t)} for r in range(t)]
     mistakes.append(Mistake(
-        by_key([shard(whole, SPLIT, k) for k in strided], SPLIT),
+        common.resharded(whole, SPLIT, strided, SPLIT),
         "your gradients are those of every t-th hidden unit (r::t), not of block r",
         "Rank r owns the contiguous hidden units r*H4/t .. (r+1)*H4/t - 1 (Megatron's "
         "convention)."))
-    inputs = [[[x, A, a, B, c], dy] for _ in range(t)]
-    return Expected(inputs, outputs, passes, mistakes)
+    return Expected([[[x, A, a, B, c], dy] for _ in range(t)], outputs, passes, mistakes)
 
 
 cases, check = common.grader(sys.modules[__name__])

@@ -1,25 +1,14 @@
 """Grader for exercise ``tp_attention``: self-attention with its heads split over ranks.
 
-Signature: ``tp_attention(comm, x, qkv_weight, qkv_bias, proj_weight,
-proj_bias, n_heads) -> (y, backward)``, the math of
-``ringlab.nn.CausalSelfAttention``: qkv's 3h output columns are [q | k | v],
-head j is column block j inside each. Rank r owns heads block r (n_heads/t
-heads): its columns of q, of k and of v, and the same rows of proj. y
-(b, s, h) whole on every rank; ``backward(dy)`` returns dx whole and
-``{"qkv.weight": (h, 3h/t) ordered [my q | my k | my v], "qkv.bias",
-"proj.weight": (h/t, h), "proj.bias": (h,)}``. One AllReduce forward, one
-backward, each b*s*h elements. If t does not divide n_heads: ValueError
-naming both numbers.
-
-Checks (see ``_common.py``), t = 1 to 4, b and s not multiples of t, tp groups
-of 2x2 and 2x3 meshes, and one case where t does not divide the heads: it
-runs (or raises that ValueError, on every rank: a rank that goes on past the
-check, and waits or fails, is named); shapes; values equal
-``CausalSelfAttention``'s (relative error 1e-10), with the usual mistakes
-diagnosed (qkv split as one contiguous block, heads not block r, no AllReduce
-in a pass, f and g swapped, the bias counted t times); the messages of each
-pass are partial sums of the ranks' partial products adding up to one
-AllReduce.
+``tp_attention(comm, x, qkv_weight, qkv_bias, proj_weight, proj_bias, n_heads) ->
+(y, backward)``, the math of ``ringlab.nn.CausalSelfAttention``: qkv's 3h output
+columns are [q | k | v], head j is column block j inside each. Rank r owns heads block
+r: its columns of q, of k and of v, and the same rows of proj. y (b, s, h) whole on
+every rank; ``backward(dy)`` returns dx whole and ``{"qkv.weight": (h, 3h/t) ordered
+[my q | my k | my v], "qkv.bias", "proj.weight": (h/t, h), "proj.bias": (h,)}``. One
+AllReduce forward, one backward, each of b*s*h elements. If t does not divide n_heads:
+ValueError naming both numbers, on every rank (one more case checks it: a rank that
+goes on past the check, and waits or fails, is named). The checks are ``_common``'s.
 """
 
 import sys
@@ -28,12 +17,13 @@ import numpy as np
 
 from . import _common as common
 from ._common import DEPENDS_ON_ALL, USES  # noqa: F401 (see there)
-from ._common import Expected, Mistake, block, by_key, shard
+from ._common import Expected, Mistake, block
 from ...nn import CausalSelfAttention, Linear, Module
 from ...tensor_parallel.attention import head_columns
 
 NAME = "tp_attention"
 GRADS = ("qkv.weight", "qkv.bias", "proj.weight", "proj.bias")
+MODULE = CausalSelfAttention
 # (b, s, h, n_heads) for each of the groups every layer is graded on; and, before the
 # 2x3 mesh, t=3 with 4 heads: the ValueError case
 CASES = common.on_groups([(3, 5, 8, 4), (2, 3, 4, 2), (2, 5, 6, 3), (3, 4, 8, 4),
@@ -42,22 +32,21 @@ CASES.insert(5, (3, None, (2, 3, 8, 4)))
 RETURNS = ("tp_attention(comm, x, qkv_weight, qkv_bias, proj_weight, proj_bias, n_heads) -> "
            "(y, backward); backward(dy) -> (dx, {'qkv.weight', 'qkv.bias', 'proj.weight', "
            "'proj.bias'})")
-SHAPES = {**common.BLOCK_SHAPES, "qkv.weight": "(h, 3h/t): [my q | my k | my v] columns",
-          "qkv.bias": "(3h/t,)", "proj.weight": "(h/t, h): my heads' rows of proj"}
 SHAPE_HINT = ("Rank r owns heads r*H/t .. (r+1)*H/t - 1, i.e. columns mine = r*h/t .. "
               "(r+1)*h/t - 1 of each of q, k and v: qkv columns [mine, h + mine, 2h + mine], "
               "and rows mine of proj.")
-BLOCKS = {**common.BLOCK_BLOCKS, "qkv.weight": "[my q | my k | my v] columns of dW",
-          "qkv.bias": "[my q | my k | my v] part of db",
-          "proj.weight": "my heads' rows of proj's dW"}
 G_HINT = ("Heads are independent until proj: rank r's heads give a partial sum of Y through its "
           "rows of proj. " + common.G_ONCE)
 F_HINT = common.f_hint("heads")
 HEADS_HINT = ("Rank r owns the contiguous heads r*H/t .. (r+1)*H/t - 1: in each of q, k and v "
               "the columns r*h/t .. (r+1)*h/t - 1 (a block of each, not one block of qkv).")
-HINTS = {"y": G_HINT, "dx": F_HINT, "qkv.weight": HEADS_HINT, "qkv.bias": HEADS_HINT,
-         "proj.weight": HEADS_HINT,
-         "proj.bias": common.PROJ_BIAS_HINT}
+# Of each output: its shape, which block of the unsharded layer's it is, a hint when it is wrong.
+OUTPUTS = common.block_outputs(G_HINT, F_HINT, {
+    "qkv.weight": ("(h, 3h/t): [my q | my k | my v] columns",
+                   "[my q | my k | my v] columns of dW", HEADS_HINT),
+    "qkv.bias": ("(3h/t,)", "[my q | my k | my v] part of db", HEADS_HINT),
+    "proj.weight": ("(h/t, h): my heads' rows of proj", "my heads' rows of proj's dW",
+                    HEADS_HINT)})
 # A wrong value made before a right AllReduce: the local part of the pass.
 LOCAL = {"y": "Forward on rank r, for its heads only: q, k, v from its qkv columns, causal "
               "softmax(q k^T / sqrt(head_dim)), times v, then its rows of proj; then the "
@@ -81,10 +70,6 @@ def mine(dims, t, r):
 def describe(dims):
     b, s, h, heads = dims
     return f"x (b={b}, s={s}, h={h}), n_heads={heads}"
-
-
-def weights(rng, dims):
-    return common.params(CausalSelfAttention(dims[2], dims[3], rng), GRADS)
 
 
 def _local(x, dy, w, cols, rows, hd):
@@ -114,39 +99,35 @@ def group(w, rng, dims, t):
     if heads % t:
         return Expected(inputs, error=(ValueError, [str(t), str(heads)],
                                        "t does not divide n_heads"))
-    whole = common.unsharded(CausalSelfAttention(h, heads, np.random.default_rng(0)), GRADS, w,
-                             x, dy)
-    hd = h // heads
-    own = [(o["cols"], o["rows"]) for o in (mine(dims, t, r) for r in range(t))]
-    outputs = [shard(whole, SPLIT, mine(dims, t, r)) for r in range(t)]
-    local = [_local(x, dy, w, c, m, hd) for c, m in own]
+    whole, idx, outputs = common.answers(sys.modules[__name__], np.random.default_rng(0), w,
+                                         x, dy, dims, t)
+    hd, c = h // heads, w[3]
+    local = [_local(x, dy, w, i["cols"], i["rows"], hd) for i in idx]
     parts, partial_dx = [p[0] for p in local], [p[1] for p in local]
-    c = w[3]
-    n = b * s * h
     gather = ("an AllGather of the heads' data, so that every rank computes more than its own "
               "heads; attention sums the heads' partial products with one AllReduce (g)")
     passes = common.block_passes(
-        x, dy, c, t, (f"the partial products (your heads' outputs @ proj rows, {n} elements)",
-                      parts, {"O": ([p[2] for p in local], "your heads' outputs (probs @ v)",
-                                    gather),
-                              "QKV": ([p[3] for p in local], "your q, k and v", gather)}),
-        (f"the partial dX (through your heads, {n} elements)", partial_dx,
-         {"dO": ([dy @ w[2][m].T for _, m in own], "the gradient of your heads' outputs",
+        x, dy, c, t, (f"the partial products (your heads' outputs @ proj rows, {b * s * h} "
+                      f"elements)", parts,
+                      {"O": ([p[2] for p in local], "your heads' outputs (probs @ v)", gather),
+                       "QKV": ([p[3] for p in local], "your q, k and v", gather)}),
+        (f"the partial dX (through your heads, {b * s * h} elements)", partial_dx,
+         {"dO": ([dy @ w[2][i["rows"]].T for i in idx], "the gradient of your heads' outputs",
                  "an AllGather of the heads' gradients; backward sums the partial dX with one "
                  "AllReduce (f)")}), G_HINT, F_HINT)
-    total = sum(parts)
-    swapped = [_local(t * x, None, w, cc, m, hd)[0] + c for cc, m in own]
-    contiguous = sum(_local(x, None, w, np.arange(r * 3 * h // t, (r + 1) * 3 * h // t), m, hd)[0]
-                     for r, (_, m) in enumerate(own)) + c
-    strided = [dict(zip(("cols", "rows"), head_columns(range(r, heads, t), hd, h))) for r in range(t)]
+    swapped = [_local(t * x, None, w, i["cols"], i["rows"], hd)[0] + c for i in idx]
+    contiguous = sum(_local(x, None, w, np.arange(r * 3 * h // t, (r + 1) * 3 * h // t),
+                            i["rows"], hd)[0] for r, i in enumerate(idx)) + c
+    strided = [dict(zip(("cols", "rows"), head_columns(range(r, heads, t), hd, h)))
+               for r in range(t)]
     mistakes = common.block_mistakes(parts, partial_dx, c, t, swapped, "your heads'",
                                      G_HINT, F_HINT) + [
-        Mistake({"y": [t * total + c] * t, "dx": [t * whole["dx"]] * t},
+        Mistake({"y": [t * sum(parts) + c] * t, "dx": [t * whole["dx"]] * t},
                 "all-reduced twice: the result is t times the sum", G_HINT),
         Mistake({"y": [contiguous] * t},
                 "qkv split as one contiguous block of 3h/t columns instead of a block of each of "
                 "q, k and v: your 'heads' mix q, k and v columns", HEADS_HINT),
-        Mistake(by_key([shard(whole, SPLIT, k) for k in strided], SPLIT),
+        Mistake(common.resharded(whole, SPLIT, strided, SPLIT),
                 "your heads are not block r (interleaved): your gradients are those of heads "
                 "r, r+t, r+2t, ... (r::t)", HEADS_HINT),
     ]
