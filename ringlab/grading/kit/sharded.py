@@ -294,11 +294,13 @@ class _Index:
         # Three elements first: with many segments of one size, the whole-array
         # comparisons only for the candidates that those do not already rule out.
         probe = np.unique([0, p.size // 2, p.size - 1]) if p.size else slice(None)
+        every = np.arange(self.n)
         for t, s, chunks, grads, largest in cands:
-            ag = _shard_match(chunks, p, probe) and _shard_match(chunks, p, slice(None))
+            # The whole message is compared only with the chunks its three elements match.
+            ag = _shard_rows(chunks, p, slice(None), _shard_rows(chunks, p, probe, every)).size > 0
             i = self.sent[e.src, s, t]
-            rs = (self._partial_sum(p, e, grads, largest, i, probe)
-                  and self._partial_sum(p, e, grads, largest, i, slice(None)))
+            rows = self._partial_sum_rows(p, e, grads, largest, i, probe, every)
+            rs = self._partial_sum_rows(p, e, grads, largest, i, slice(None), rows).size > 0
             # A chunk of padding only is zeros either way: it belongs to the
             # ReduceScatter until that has sent its N-1 messages.
             if rs and (not ag or i < self.n - 1):
@@ -310,26 +312,29 @@ class _Index:
                 return ("AG", s, t)
         return None
 
-    def _partial_sum(self, p, e, grads, largest, i, where):
-        """``p[where]`` is the same elements of a chunk of the sum, over the i+1
-        ranks before the sender on the ring (itself included; all N from the
-        N-th message on), of their weighted gradients, times 1 or the batch size
-        (weights n_r instead of n_r / B, divided after). Rounding allowed
-        relative to the numbers added (``largest``: each rank's largest |gradient|)."""
+    def _partial_sum_rows(self, p, e, grads, largest, i, where, rows):
+        """Those of the chunks ``rows`` whose elements ``where`` ``p[where]`` is: the
+        same elements of a chunk of the sum, over the i+1 ranks before the sender on
+        the ring (itself included; all N from the N-th message on), of their weighted
+        gradients, times 1 or the batch size (weights n_r instead of n_r / B, divided
+        after). Rounding allowed relative to the numbers added (``largest``: each
+        rank's largest |gradient|)."""
         n = self.n
         members = ring_members(e, n, min(i + 1, n))
-        parts = grads.reshape(len(grads), n, -1)[:, :, where][members]    # columns first: cheap
+        parts = grads.reshape(len(grads), n, -1)[:, :, where][:, rows][members]
         total = parts.sum(axis=0)
         tol = 1e-7 * np.abs(parts).sum(axis=0) + 1e-12 * (largest[members].max() + 1e-300)
         got = p[where]
-        return any(bool(np.any(np.all(np.abs(got - s * total) <= s * tol, axis=1)))
-                   for s in (1.0, self.batch))
+        match = np.zeros(len(rows), dtype=bool)
+        for scale in (1.0, self.batch):
+            match |= np.all(np.abs(got - scale * total) <= scale * tol, axis=1)
+        return rows[match]
 
 
-def _shard_match(chunks, p, where):
-    """Whether ``p[where]`` is those elements of one of the ``chunks`` (rows)."""
-    c = chunks[:, where]
-    return bool(np.any(np.all(np.abs(c - p[where]) <= 1e-9 * np.abs(c) + 1e-12, axis=1)))
+def _shard_rows(chunks, p, where, rows):
+    """Those of the ``chunks`` (rows, by index) whose elements ``where`` ``p[where]`` is."""
+    c = chunks[:, where][rows]
+    return rows[np.all(np.abs(c - p[where]) <= 1e-9 * np.abs(c) + 1e-12, axis=1)]
 
 
 def _unlabelled(case, e, p, ag_when):
