@@ -64,9 +64,10 @@ from ..kit.running import run_case
 from ...errors import DeadlockError
 from ...nn import GeLU, Linear, Sequential, mlp_model
 from ...pipeline.actions import needs, parse, sends, stage_rank
-# StageWork (what a rank is given), whole_name and the unpipelined reference are tools;
+# StageWork (what a rank is given), stage_works, whole_name and the unpipelined reference
+# are tools;
 # stages.pipeline_stage is the answer
-from ...pipeline.stages import StageWork, unpipelined, whole_name
+from ...pipeline.stages import StageWork, stage_works, unpipelined, whole_name
 
 NAME = "pipeline_stage"
 # actions, schedules and validate are tools here; ringlab.pipeline.stages holds the answer
@@ -113,31 +114,23 @@ def schedule_of(kind, p, m, v):
 # ----------------------------------------------------------------------------- the cases
 
 def _layers(module):
-    """A stage as wire-friendly data: ["linear", W, b] or ["gelu"] per layer."""
-    out = []
-    for layer in module.layers:
-        if isinstance(layer, Linear):
-            out.append(["linear", layer.params["weight"].copy(), layer.params["bias"].copy()])
-        elif isinstance(layer, GeLU):
-            out.append(["gelu"])
-        else:
-            raise TypeError(f"no wire form for {type(layer).__name__}")
-    return out
+    """A stage as wire-friendly data: [weight, bias] per Linear, [] per GeLU."""
+    return [[layer.params["weight"].copy(), layer.params["bias"].copy()]
+            if isinstance(layer, Linear) else [] for layer in module.layers]
 
 
 def _build(layers):
     """The stage back from ``_layers``'s data, in the rank's process."""
     mods = []
-    for spec in layers:
-        if spec[0] == "linear":
-            w, b = spec[1], spec[2]
-            lin = Linear(w.shape[0], w.shape[1], np.random.default_rng(0))
-            lin.params["weight"][...] = w
-            lin.params["bias"][...] = b
-            mods.append(lin)
-        else:
-            mods.append(GeLU())
+    for params in layers:
+        mods.append(Linear(*params[0].shape, np.random.default_rng(0)) if params else GeLU())
+        for name, value in zip(("weight", "bias"), params):
+            mods[-1].params[name][...] = value
     return Sequential(*mods)
+
+
+def _copies(arrays):
+    return None if arrays is None else [a.copy() for a in arrays]
 
 
 def cases(rng):
@@ -148,18 +141,13 @@ def cases(rng):
         rows = m + int(rng.integers(1, m + 2))         # microbatches of unequal rows
         x, y = rng.standard_normal((rows, sizes[0])), rng.standard_normal((rows, sizes[-1]))
         schedule = schedule_of(kind, p, m, v)
-        grads, per_mb, payloads, pieces = unpipelined(model, (x, y), n_stages, m)
-        xs, ys = np.array_split(x, m), np.array_split(y, m)
-        seconds = {"F": 1.0 / v, "B": 1.0 / v, "W": 1.0 / v, "BW": 2.0 / v}
-        inputs, names = [], []
-        for r in range(p):
-            mine = list(range(r, n_stages, p))
-            inputs.append([" ".join(map(str, schedule[r])),
-                           [[s, pieces[s][0], _layers(pieces[s][1])] for s in mine], n_stages,
-                           [a.copy() for a in xs] if r == 0 else None,
-                           [a.copy() for a in ys] if r == stage_rank(n_stages - 1, p) else None,
-                           rows, dict(seconds)])
-            names.append([whole_name(pieces[s][0], n) for s in mine for n in pieces[s][1].named_grads()])
+        grads, per_mb, payloads, _ = unpipelined(model, (x, y), n_stages, m)
+        works = stage_works(model, (x, y), schedule)     # F, B, W: 1 s per rank's share
+        inputs = [[" ".join(map(str, w.actions)),
+                   [[s, first, _layers(mod)] for s, (first, mod) in w.stages.items()], n_stages,
+                   _copies(w.inputs), _copies(w.targets), rows, dict(w.seconds)] for w in works]
+        names = [[whole_name(first, n) for first, mod in w.stages.values()
+                  for n in mod.named_grads()] for w in works]
         where = {"buffered": "", "rendezvous": ", rendezvous mode (a send waits for its "
                                               "receive)"}[mode]
         label = (f"{kind}, p={p} ranks, m={m} microbatches of {rows} rows"
@@ -168,7 +156,7 @@ def cases(rng):
         yield Case(p, inputs, label, args=(names,),
                    info=dict(p=p, m=m, v=v, mode=mode, network=network, grads=grads,
                              per_mb=per_mb, payloads=payloads, names=names, rows=rows,
-                             mb_rows=[len(a) for a in xs], n_stages=n_stages,
+                             mb_rows=[len(a) for a in works[0].inputs], n_stages=n_stages,
                              schedule=schedule))
 
 
