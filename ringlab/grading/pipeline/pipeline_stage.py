@@ -310,23 +310,22 @@ def _tags(trace, case):
 
 
 def _returned(result, case):
+    def fail(what, **kw):
+        return Failure(case.label, "returns its gradients", what, **kw)
+
     for r, out in enumerate(result.outputs):
-        text = problem_text(out)
+        want, text = case.info["names"][r], problem_text(out)
         if text is not None:
-            return Failure(case.label, "returns its gradients", text, expected=RETURNS,
-                           hint="Return a dict of this rank's stages' gradients, e.g. "
-                                "{f\"{first + int(k.split('.')[0])}.{k.split('.')[1]}\": g "
-                                "for k, g in module.named_grads().items()}.")
-        want = case.info["names"][r]
+            return fail(text, expected=RETURNS,
+                        hint="Return a dict of this rank's stages' gradients, e.g. "
+                             "{f\"{first + int(k.split('.')[0])}.{k.split('.')[1]}\": g "
+                             "for k, g in module.named_grads().items()}.")
         if not (isinstance(out, (list, tuple)) and len(out) == 1 + len(want)):
-            return Failure(case.label, "returns its gradients",
-                           f"rank {r}'s result could not be read", expected=RETURNS)
+            return fail(f"rank {r}'s result could not be read", expected=RETURNS)
         for n, g in zip(want, out[1:]):
-            shape = case.info["grads"][n].shape
-            if g.shape != shape:
-                return Failure(case.label, "returns its gradients",
-                               f"rank {r}'s gradient {n!r} has shape {g.shape}",
-                               expected=f"shape {shape}, the parameter's", got=f"{g.shape}")
+            if g.shape != case.info["grads"][n].shape:
+                return fail(f"rank {r}'s gradient {n!r} has shape {g.shape}", got=f"{g.shape}",
+                            expected=f"shape {case.info['grads'][n].shape}, the parameter's")
     return None
 
 
@@ -360,21 +359,18 @@ def _close(got, want, tol=TOL):
 
 def _gradients(result, case):
     info = case.info
-    m, per_mb = info["m"], info["per_mb"]
     for r, out in enumerate(result.outputs):
         names = info["names"][r]
         got = dict(zip(names, out[1:]))
-        want = {n: info["grads"][n] for n in names}
-        bad = [n for n in names if not _close(got[n], want[n])]
-        if not bad:
-            continue
-        n = bad[0]
-        what = (f"rank {r}'s gradient {n!r} differs from the unpipelined model's (the mse over "
-                f"the whole batch of {info['rows']} rows, as ringlab.nn computes it)")
-        words, hint = _diagnose(got, names, per_mb, info)
-        return Failure(case.label, "gradients equal the unpipelined model's",
-                       what + (f":\n{words}" if words else ""),
-                       expected=numbers(want[n]), got=numbers(got[n]), hint=hint)
+        bad = [n for n in names if not _close(got[n], info["grads"][n])]
+        if bad:
+            words, hint = _diagnose(got, names, info["per_mb"], info)
+            return Failure(case.label, "gradients equal the unpipelined model's",
+                           f"rank {r}'s gradient {bad[0]!r} differs from the unpipelined "
+                           f"model's (the mse over the whole batch of {info['rows']} rows, as "
+                           f"ringlab.nn computes it)" + (f":\n{words}" if words else ""),
+                           expected=numbers(info["grads"][bad[0]]), got=numbers(got[bad[0]]),
+                           hint=hint)
     return None
 
 
@@ -386,12 +382,10 @@ def _diagnose(got, names, per_mb, info):
     m, rows, mb_rows = info["m"], info["rows"], info["mb_rows"]
     acc = ("The layers add into module.grads at every backward: keep them across the "
            "microbatches (zero them once, before the first), and return them after the last.")
-    if m > 1 and _same(got, names, per_mb[-1]):
-        return (f"it is only the last microbatch's gradient (microbatch {m - 1}): the gradients "
-                f"are not accumulated over the {m} microbatches", acc)
-    if m > 1 and _same(got, names, per_mb[0]):
-        return ("it is only the first microbatch's gradient (microbatch 0): the gradients are "
-                f"not accumulated over the {m} microbatches", acc)
+    for i, which in ((m - 1, "last"), (0, "first")):
+        if m > 1 and _same(got, names, per_mb[i]):
+            return (f"it is only the {which} microbatch's gradient (microbatch {i}): the "
+                    f"gradients are not accumulated over the {m} microbatches", acc)
     unweighted = {n: sum(g[n] * rows / k for g, k in zip(per_mb, mb_rows)) for n in names}
     if _same(got, names, unweighted):
         return ("each microbatch's loss gradient is not weighted by its share of the batch, "
@@ -403,13 +397,12 @@ def _diagnose(got, names, per_mb, info):
     flat_want = np.concatenate([total[n].ravel() for n in names])
     k = float(flat_got @ flat_want / (flat_want @ flat_want)) if flat_want.any() else 0.0
     if k and _close(flat_got, k * flat_want):
-        for value, words in ((m, "m, the number of microbatches"),
-                             (1 / m, "1 / m, one over the number of microbatches"),
-                             (rows, "batch_rows"), (2.0, "2: each microbatch counted twice?")):
-            if abs(k - value) <= 1e-9 * abs(value):
-                return (f"it is the right gradient times {words}",
-                        "Weight each microbatch's loss gradient by rows / batch_rows, once.")
-        return (f"it is the right gradient times {k:.6g}: scaled wrong",
+        scales = [(m, "m, the number of microbatches"),
+                  (1 / m, "1 / m, one over the number of microbatches"),
+                  (rows, "batch_rows"), (2.0, "2: each microbatch counted twice?")]
+        words = next((words for value, words in scales if abs(k - value) <= 1e-9 * abs(value)),
+                     f"{k:.6g}: scaled wrong")
+        return (f"it is the right gradient times {words}",
                 "Weight each microbatch's loss gradient by rows / batch_rows, once.")
     if not flat_got.any():
         return "it is all zeros: no backward ran into these layers", acc
@@ -427,46 +420,40 @@ def _messages(result, case):
     info = case.info
     p, want = info["p"], info["payloads"]
     count, sent = dict.fromkeys(want, 0), {}
+
+    def fail(what, got, expected=EXACTLY_ONCE, hint=SEND_HINT):
+        return Failure(case.label, ONCE, what, expected=expected, got=got, hint=hint)
+
     for e in result.trace:
         pay = result.payload(e) if result.payloads is not None else None
         match = next((k for k in want if want[k].shape == pay.shape and _close(pay, want[k])),
                      None)
         if match is None:
-            held = "zeros" if not pay.any() else "values that are"
-            return Failure(case.label, ONCE,
-                           f"rank {e.src} sent rank {e.dst} {held} neither an activation nor a "
-                           f"gradient of any microbatch (shape {pay.shape})".replace(
-                               "zeros neither", "zeros: neither"),
-                           expected="each message: the output of one microbatch's F (to the next "
-                                    "stage) or the input gradient of its B (to the previous one)",
-                           got=numbers(pay),
-                           hint="The grader reads every message: the data must travel in the "
-                                "messages; zeros or stand-ins sent for show, with the data shared "
-                                "some other way, do not pass.")
-        what, s, mb = match
-        frm, to = _ends(match)
+            held = "zeros: neither" if not pay.any() else "values that are neither"
+            return fail(f"rank {e.src} sent rank {e.dst} {held} an activation nor a gradient of "
+                        f"any microbatch (shape {pay.shape})", numbers(pay),
+                        "each message: the output of one microbatch's F (to the next stage) or "
+                        "the input gradient of its B (to the previous one)",
+                        "The grader reads every message: the data must travel in the messages; "
+                        "zeros or stand-ins sent for show, with the data shared some other way, "
+                        "do not pass.")
+        (what, s, mb), (frm, to) = match, _ends(match)
         if e.dst != stage_rank(to, p) or e.src != stage_rank(frm, p):
-            return Failure(case.label, ONCE,
-                           f"rank {e.src} sent the {what} of microbatch {mb} from stage {frm} to "
-                           f"rank {e.dst}; stage {to}, which needs it, lives on rank "
-                           f"{stage_rank(to, p)}",
-                           expected=f"rank {stage_rank(frm, p)} -> rank {stage_rank(to, p)} only",
-                           got=f"rank {e.src} -> rank {e.dst}", hint=SEND_HINT)
+            return fail(f"rank {e.src} sent the {what} of microbatch {mb} from stage {frm} to "
+                        f"rank {e.dst}; stage {to}, which needs it, lives on rank "
+                        f"{stage_rank(to, p)}", f"rank {e.src} -> rank {e.dst}",
+                        f"rank {stage_rank(frm, p)} -> rank {stage_rank(to, p)} only")
         sent.setdefault(e.src, []).append((e.step, len(sent.get(e.src, ())), match))
         count[match] += 1
         if count[match] > 1:
-            return Failure(case.label, ONCE,
-                           f"the {what} of microbatch {mb} from stage {frm} to stage {to} was "
-                           f"sent {count[match]} times", expected=EXACTLY_ONCE,
-                           got=f"rank {e.src} -> rank {e.dst}, again", hint=SEND_HINT)
+            return fail(f"the {what} of microbatch {mb} from stage {frm} to stage {to} was "
+                        f"sent {count[match]} times", f"rank {e.src} -> rank {e.dst}, again")
     for key, c in count.items():
         if c == 0:
             (frm, to), (what, _, mb) = _ends(key), key
-            return Failure(case.label, ONCE,
-                           f"the {what} of microbatch {mb} from stage {frm} to stage {to} was "
-                           f"never sent, yet the gradients are right: the data did not come "
-                           f"through the messages", expected=EXACTLY_ONCE,
-                           got="never sent", hint=SEND_HINT)
+            return fail(f"the {what} of microbatch {mb} from stage {frm} to stage {to} was "
+                        f"never sent, yet the gradients are right: the data did not come "
+                        f"through the messages", "never sent")
     return _in_schedule_order(case, sent)
 
 
