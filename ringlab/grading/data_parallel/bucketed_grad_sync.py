@@ -44,8 +44,8 @@ import functools
 
 import numpy as np
 
+from ..kit.checks import backward_waits
 from ..kit.report import Case, Failure
-
 from ..kit.running import plain_array, run_case
 from . import _payloads as payloads
 from ..kit.driver import callable_learner
@@ -82,9 +82,11 @@ def cases(rng):
             # Whole multiples of P: the mean over ranks is exact in any summation order.
             grads = {n: p * rng.integers(-50, 51, s).astype(np.float64) for n, s in shapes}
             inputs.append(grads)
+        params = {n: np.zeros(s) for n, s in shapes}
         yield Case(p, inputs, f"world_size={p}, {layers} layers (widths {widths}), "
                    f"cap_bytes={cap}", args=(cap, seconds),
-                   info=dict(shapes=shapes, cap=cap, seconds=seconds))
+                   info=dict(shapes=shapes, cap=cap, seconds=seconds, params=params,
+                             buckets=assign_buckets(params, cap)))
 
 
 def layer_backward(comm, grads, seconds):
@@ -130,10 +132,9 @@ def check(program, case, backend="sim"):
 def _payloads(result, case):
     """Each bucket's AllReduce carries the ranks' gradients of that bucket (laid
     out in bucket order or in forward order; divided by P before or not)."""
-    p = case.world_size
-    params = {n: np.zeros(s) for n, s in case.info["shapes"]}
+    p, params = case.world_size, case.info["params"]
     operands = []
-    for names in assign_buckets(params, case.info["cap"]):
+    for names in case.info["buckets"]:
         layouts = [names, sorted(names, key=list(params).index)]
         operands.append([[np.concatenate([case.inputs[r][n].ravel() for n in layout])
                           for r in range(p)] for layout in layouts])
@@ -242,12 +243,12 @@ def _calls(trace):
 
 
 def _buckets(trace, case):
-    info, p = case.info, case.world_size
-    params = {n: np.zeros(s) for n, s in info["shapes"]}
-    want = assign_buckets(params, info["cap"])
-    want_sizes = [sum(params[n].size for n in b) for b in want]
-    calls = _calls(trace)
-    got_sizes = [n for n, _ in calls]
+    info = case.info
+    params, want, calls = info["params"], info["buckets"], _calls(trace)
+
+    def sizes(buckets):                     # elements per bucket
+        return [sum(params[n].size for n in b) for b in buckets]
+    want_sizes, got_sizes = sizes(want), [n for n, _ in calls]
     if len(trace) and not calls:
         return Failure(case.label, "buckets: reverse layer order, closed at the cap",
                        "messages were sent, but no ring_allreduce call was found",
@@ -255,8 +256,7 @@ def _buckets(trace, case):
                             "trace shows one call per bucket.")
     if got_sizes == want_sizes:
         return None
-    forward = [sum(params[n].size for n in b)
-               for b in assign_buckets(dict(reversed(list(params.items()))), info["cap"])]
+    forward = sizes(assign_buckets(dict(reversed(list(params.items()))), info["cap"]))
     fail = Failure(case.label, "buckets: reverse layer order, closed at the cap",
                    f"{len(calls)} bucket AllReduce(s) of {got_sizes} elements",
                    expected=f"{len(want)} buckets of {want_sizes} elements: "
@@ -266,7 +266,8 @@ def _buckets(trace, case):
         fail.what += ": the buckets were filled in forward order"
         fail.hint = ("Backward makes the last layer's gradients first: fill buckets walking the "
                      "parameters in reverse (reversed(list(params))).")
-    elif got_sizes == _over_cap_sizes(params, info["cap"]):
+    # closing at size > cap_bytes (bytes are whole numbers: >= cap_bytes + 1)
+    elif got_sizes == sizes(assign_buckets(params, info["cap"] + 1)):
         fail.what += (f": a bucket that holds exactly cap_bytes ({info['cap']} bytes) was kept open, "
                       f"as if the size were compared with > instead of >=")
         fail.hint = ("Close a bucket as soon as the bytes in it reach cap_bytes: size >= "
@@ -285,27 +286,12 @@ def _buckets(trace, case):
     return fail
 
 
-def _over_cap_sizes(params, cap):
-    """The bucket sizes (elements) of the mistake that closes a bucket only past the
-    cap (size > cap_bytes)."""
-    sizes, size = [], 0
-    for name in reversed(list(params)):
-        size += params[name].nbytes
-        if size > cap:
-            sizes.append(size // 8)
-            size = 0
-    return sizes + ([size // 8] if size else [])
-
-
 def _overlap(trace, case):
-    p, info = case.world_size, case.info
-    calls = _calls(trace)
+    calls, buckets = _calls(trace), case.info["buckets"]
     # Buckets holding a gradient of layer 0 are ready only when backward ends
     # (the last bucket, and with a tiny cap also the one before it): exempt.
-    params = {n: np.zeros(s) for n, s in info["shapes"]}
-    early = [not any(n.startswith("0.") for n in b) for b in assign_buckets(params, info["cap"])]
-    buckets = assign_buckets(params, info["cap"])
-    for r in range(p):
+    early = [not any(n.startswith("0.") for n in b) for b in buckets]
+    for r in range(case.world_size):
         back = [c for c in trace.computes if c.rank == r and c.label == "backward" and not c.stream]
         end = max(c.end for c in back)
         done = {c.get("layer"): c.end for c in back}     # when each layer's gradients exist
@@ -329,14 +315,14 @@ def _overlap(trace, case):
                     expected="every bucket but the last starts while backward still runs",
                     hint="Start each bucket's AllReduce inside the backward loop, as soon as its "
                          "last gradient has arrived; wait for the works after the loop.")
-        for before, after in zip(back, back[1:]):
-            if after.start > before.end + 1e-12:
-                return Failure(
-                    case.label, "backward never waits for the network",
-                    f"rank {r}: layer {after.get('layer')}'s backward started at "
-                    f"{after.start * 1e3:.3f} ms, {(after.start - before.end) * 1e6:.1f} us after "
-                    f"layer {before.get('layer')}'s ended",
-                    expected="each layer's backward starts when the previous one ends",
-                    hint="Do not call work.wait() inside the backward loop: that waits for the "
-                         "AllReduce. Collect the works and wait after backward.")
+        failure = backward_waits(
+            case, back, lambda before, after: (
+                f"rank {r}: layer {after.get('layer')}'s backward started at "
+                f"{after.start * 1e3:.3f} ms, {(after.start - before.end) * 1e6:.1f} us after "
+                f"layer {before.get('layer')}'s ended"),
+            "each layer's backward starts when the previous one ends",
+            "Do not call work.wait() inside the backward loop: that waits for the AllReduce. "
+            "Collect the works and wait after backward.")
+        if failure:
+            return failure
     return None

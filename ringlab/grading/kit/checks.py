@@ -17,6 +17,18 @@ from .report import Failure, numbers
 from ...errors import CommError, RankError
 
 
+def backward_waits(case, computes, what, expected, hint):
+    """The Failure "backward never waits for the network" at the first of a rank's
+    backward ``computes`` (in order) that starts later than the one before it
+    ended, worded by ``what(before, after)``; None when each starts as the one
+    before it ends (a wait inside the loop, for an AllReduce say, leaves a gap)."""
+    for before, after in zip(computes, computes[1:]):
+        if after.start > before.end + 1e-12:
+            return Failure(case.label, "backward never waits for the network",
+                           what(before, after), expected=expected, hint=hint)
+    return None
+
+
 def ring_neighbours(trace, case, algorithm, hub_text, hint=None):
     """Every message goes to (rank + 1) % N or (rank - 1) % N (any message is
     fine when N <= 2). ``hub_text`` names the central scheme, shown when one rank
