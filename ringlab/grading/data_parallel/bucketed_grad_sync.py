@@ -44,7 +44,7 @@ import functools
 
 import numpy as np
 
-from ..kit.checks import backward_waits
+from ..kit.checks import first_wait
 from ..kit.report import Case, Failure
 from ..kit.running import plain_array, run_case
 from . import _payloads as payloads
@@ -315,14 +315,14 @@ def _overlap(trace, case):
                     expected="every bucket but the last starts while backward still runs",
                     hint="Start each bucket's AllReduce inside the backward loop, as soon as its "
                          "last gradient has arrived; wait for the works after the loop.")
-        failure = backward_waits(
-            case, back, lambda before, after: (
+        if gap := first_wait(back):
+            before, after = gap
+            return Failure(
+                case.label, "backward never waits for the network",
                 f"rank {r}: layer {after.get('layer')}'s backward started at "
                 f"{after.start * 1e3:.3f} ms, {(after.start - before.end) * 1e6:.1f} us after "
-                f"layer {before.get('layer')}'s ended"),
-            "each layer's backward starts when the previous one ends",
-            "Do not call work.wait() inside the backward loop: that waits for the AllReduce. "
-            "Collect the works and wait after backward.")
-        if failure:
-            return failure
+                f"layer {before.get('layer')}'s ended",
+                expected="each layer's backward starts when the previous one ends",
+                hint="Do not call work.wait() inside the backward loop: that waits for the "
+                     "AllReduce. Collect the works and wait after backward.")
     return None

@@ -224,17 +224,19 @@ def _count(case):
     return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
 
 
+RING_HINT = "Use ringlab.collectives.ring_allreduce (or your own ring)."
+
+
 def _ring_messages(trace, case, n_params):
     p = case.world_size
     chunk = -(-n_params // p) * 8
     for e in trace:
         if p > 2 and e.dst not in ((e.src + 1) % p, (e.src - 1) % p):
-            what = f"at step {e.step} rank {e.src} sent to rank {e.dst}, not a neighbour"
-        elif e.nbytes > chunk:
-            what = (f"at step {e.step} rank {e.src} sent {e.nbytes} bytes, more than one chunk "
-                    f"({chunk} bytes) of the gradient")
-        else:
-            continue
-        return Failure(case.label, "the AllReduce is a ring", what,
-                       hint="Use ringlab.collectives.ring_allreduce (or your own ring).")
+            return Failure(case.label, "the AllReduce is a ring",
+                           f"at step {e.step} rank {e.src} sent to rank {e.dst}, not a neighbour",
+                           hint=RING_HINT)
+        if e.nbytes > chunk:
+            return Failure(case.label, "the AllReduce is a ring",
+                           f"at step {e.step} rank {e.src} sent {e.nbytes} bytes, more than one "
+                           f"chunk ({chunk} bytes) of the gradient", hint=RING_HINT)
     return None

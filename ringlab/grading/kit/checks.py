@@ -17,16 +17,13 @@ from .report import Failure, numbers
 from ...errors import CommError, RankError
 
 
-def backward_waits(case, computes, what, expected, hint):
-    """The Failure "backward never waits for the network" at the first of a rank's
-    backward ``computes`` (in order) that starts later than the one before it
-    ended, worded by ``what(before, after)``; None when each starts as the one
-    before it ends (a wait inside the loop, for an AllReduce say, leaves a gap)."""
-    for before, after in zip(computes, computes[1:]):
-        if after.start > before.end + 1e-12:
-            return Failure(case.label, "backward never waits for the network",
-                           what(before, after), expected=expected, hint=hint)
-    return None
+def first_wait(computes):
+    """The first two of a rank's backward ``computes`` (in order) where the second
+    starts later than the first ended, as ``(before, after)``; None when each
+    starts as the one before it ends. A wait inside the backward loop (for an
+    AllReduce, say) leaves such a gap: "backward never waits for the network"."""
+    return next(((before, after) for before, after in zip(computes, computes[1:])
+                 if after.start > before.end + 1e-12), None)
 
 
 def ring_neighbours(trace, case, algorithm, hub_text, hint=None):

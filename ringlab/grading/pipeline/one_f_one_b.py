@@ -158,27 +158,27 @@ def check(program, case, backend="sim"):
 
 def _read(result, case):
     """Check 1: (the schedule, the ranks' lists put together, and None) or (None, Failure)."""
-    def bad(what, hint=HINT, **kw):
-        return None, Failure(case.label, "returns a list of Actions", what, hint=hint, **kw)
-
     schedule = []
     for r, out in enumerate(result.outputs):
         text = problem_text(out)
         if text or not (isinstance(out, (list, tuple)) and len(out) == 2
                         and isinstance(out[1], np.ndarray) and out[1].ndim == 2):
-            return bad(text or f"rank {r}: the function's result could not be read",
-                       "Return a list of ringlab.pipeline.Action.", expected=RETURNS)
+            return None, Failure(case.label, "returns a list of Actions",
+                                 text or f"rank {r}: the function's result could not be read",
+                                 expected=RETURNS, hint="Return a list of ringlab.pipeline.Action.")
         schedule.append([Action(KINDS[k], int(mb), int(s)) for k, mb, s in out[1]])
     for r, acts in enumerate(schedule):
         for i, a in enumerate(acts):
             if a.kind == "W":
-                return bad(f"rank {r}'s list has {a} at position {i}: 1F1B has no W "
-                           f"(B does the whole backward)")
+                return None, Failure(case.label, "returns a list of Actions",
+                                     f"rank {r}'s list has {a} at position {i}: 1F1B has no "
+                                     f"W (B does the whole backward)", hint=HINT)
             if a.stage != r:
-                return bad(f"rank {r}'s list has {a} at position {i}: stage {a.stage}, "
-                           f"not rank {r}'s own stage {r}",
-                           f"Rank r runs stage r: Action(kind, mb, r), here "
-                           f'Action("F", {a.mb}, {r}).')
+                return None, Failure(case.label, "returns a list of Actions",
+                                     f"rank {r}'s list has {a} at position {i}: stage "
+                                     f"{a.stage}, not rank {r}'s own stage {r}",
+                                     hint=f"Rank r runs stage r: Action(kind, mb, r), here "
+                                          f'Action("F", {a.mb}, {r}).')
     return schedule, None
 
 

@@ -310,22 +310,22 @@ def _tags(trace, case):
 
 
 def _returned(result, case):
-    def fail(what, **kw):
-        return Failure(case.label, "returns its gradients", what, **kw)
-
     for r, out in enumerate(result.outputs):
         want, text = case.info["names"][r], problem_text(out)
         if text is not None:
-            return fail(text, expected=RETURNS,
-                        hint="Return a dict of this rank's stages' gradients, e.g. "
-                             "{f\"{first + int(k.split('.')[0])}.{k.split('.')[1]}\": g "
-                             "for k, g in module.named_grads().items()}.")
+            return Failure(case.label, "returns its gradients", text, expected=RETURNS,
+                           hint="Return a dict of this rank's stages' gradients, e.g. "
+                                "{f\"{first + int(k.split('.')[0])}.{k.split('.')[1]}\": g "
+                                "for k, g in module.named_grads().items()}.")
         if not (isinstance(out, (list, tuple)) and len(out) == 1 + len(want)):
-            return fail(f"rank {r}'s result could not be read", expected=RETURNS)
+            return Failure(case.label, "returns its gradients",
+                           f"rank {r}'s result could not be read", expected=RETURNS)
         for n, g in zip(want, out[1:]):
-            if g.shape != case.info["grads"][n].shape:
-                return fail(f"rank {r}'s gradient {n!r} has shape {g.shape}", got=f"{g.shape}",
-                            expected=f"shape {case.info['grads'][n].shape}, the parameter's")
+            shape = case.info["grads"][n].shape
+            if g.shape != shape:
+                return Failure(case.label, "returns its gradients",
+                               f"rank {r}'s gradient {n!r} has shape {g.shape}",
+                               expected=f"shape {shape}, the parameter's", got=f"{g.shape}")
     return None
 
 
@@ -420,40 +420,44 @@ def _messages(result, case):
     info = case.info
     p, want = info["p"], info["payloads"]
     count, sent = dict.fromkeys(want, 0), {}
-
-    def fail(what, got, expected=EXACTLY_ONCE, hint=SEND_HINT):
-        return Failure(case.label, ONCE, what, expected=expected, got=got, hint=hint)
-
     for e in result.trace:
         pay = result.payload(e) if result.payloads is not None else None
         match = next((k for k in want if want[k].shape == pay.shape and _close(pay, want[k])),
                      None)
         if match is None:
-            held = "zeros: neither" if not pay.any() else "values that are neither"
-            return fail(f"rank {e.src} sent rank {e.dst} {held} an activation nor a gradient of "
-                        f"any microbatch (shape {pay.shape})", numbers(pay),
-                        "each message: the output of one microbatch's F (to the next stage) or "
-                        "the input gradient of its B (to the previous one)",
-                        "The grader reads every message: the data must travel in the messages; "
-                        "zeros or stand-ins sent for show, with the data shared some other way, "
-                        "do not pass.")
+            held = "zeros:" if not pay.any() else "values that are"
+            return Failure(case.label, ONCE,
+                           f"rank {e.src} sent rank {e.dst} {held} neither an activation nor a "
+                           f"gradient of any microbatch (shape {pay.shape})",
+                           expected="each message: the output of one microbatch's F (to the next "
+                                    "stage) or the input gradient of its B (to the previous one)",
+                           got=numbers(pay),
+                           hint="The grader reads every message: the data must travel in the "
+                                "messages; zeros or stand-ins sent for show, with the data shared "
+                                "some other way, do not pass.")
         (what, s, mb), (frm, to) = match, _ends(match)
         if e.dst != stage_rank(to, p) or e.src != stage_rank(frm, p):
-            return fail(f"rank {e.src} sent the {what} of microbatch {mb} from stage {frm} to "
-                        f"rank {e.dst}; stage {to}, which needs it, lives on rank "
-                        f"{stage_rank(to, p)}", f"rank {e.src} -> rank {e.dst}",
-                        f"rank {stage_rank(frm, p)} -> rank {stage_rank(to, p)} only")
+            return Failure(case.label, ONCE,
+                           f"rank {e.src} sent the {what} of microbatch {mb} from stage {frm} to "
+                           f"rank {e.dst}; stage {to}, which needs it, lives on rank "
+                           f"{stage_rank(to, p)}",
+                           expected=f"rank {stage_rank(frm, p)} -> rank {stage_rank(to, p)} only",
+                           got=f"rank {e.src} -> rank {e.dst}", hint=SEND_HINT)
         sent.setdefault(e.src, []).append((e.step, len(sent.get(e.src, ())), match))
         count[match] += 1
         if count[match] > 1:
-            return fail(f"the {what} of microbatch {mb} from stage {frm} to stage {to} was "
-                        f"sent {count[match]} times", f"rank {e.src} -> rank {e.dst}, again")
+            return Failure(case.label, ONCE,
+                           f"the {what} of microbatch {mb} from stage {frm} to stage {to} was "
+                           f"sent {count[match]} times", expected=EXACTLY_ONCE,
+                           got=f"rank {e.src} -> rank {e.dst}, again", hint=SEND_HINT)
     for key, c in count.items():
         if c == 0:
             (frm, to), (what, _, mb) = _ends(key), key
-            return fail(f"the {what} of microbatch {mb} from stage {frm} to stage {to} was "
-                        f"never sent, yet the gradients are right: the data did not come "
-                        f"through the messages", "never sent")
+            return Failure(case.label, ONCE,
+                           f"the {what} of microbatch {mb} from stage {frm} to stage {to} was "
+                           f"never sent, yet the gradients are right: the data did not come "
+                           f"through the messages", expected=EXACTLY_ONCE,
+                           got="never sent", hint=SEND_HINT)
     return _in_schedule_order(case, sent)
 
 
