@@ -116,8 +116,7 @@ def drive(comm, x, shape, learner):
 
 
 def check(program, case, backend="sim"):
-    m, g = case.info["nodes"], case.info["gpus"]
-    length = len(case.inputs[0])
+    m, g, n, length = _shape(case)
     timed = {"network": network(g)} if backend == "sim" else {}
     result, failure = run_case(functools.partial(drive, learner=program), case, backend, **timed)
     if failure:
@@ -127,14 +126,19 @@ def check(program, case, backend="sim"):
     if failure:
         return _block_returned(failure, result, case)
     for r, out in enumerate(result.outputs):
-        if not sums.holds(out, case.inputs, range(case.world_size)):
+        if not sums.holds(out, case.inputs, range(n)):
             return _wrong_sum(case, r, out, result.trace)
     return (cross_node_bytes(result.trace, case) or same_index(result.trace, case)
-            or one_ring_across(result.trace, case) or inside_node_bytes(result.trace, case) or payloads(result, case)
-            or timing(result, case))
+            or one_ring_across(result.trace, case) or inside_node_bytes(result.trace, case)
+            or payloads(result, case) or timing(result, case))
 
 
 # -- where ranks sit --------------------------------------------------------------------
+
+def _shape(case):
+    """(M nodes, G GPUs per node, M*G ranks, n elements) of a case."""
+    m, g = case.info["nodes"], case.info["gpus"]
+    return m, g, m * g, len(case.inputs[0])
 
 def _where(r, g):
     return f"rank {r} (node {r // g}, GPU {r % g})"
@@ -163,7 +167,7 @@ def _range(lo, hi):
 # -- 2. the result ---------------------------------------------------------------------
 
 def _block_returned(failure, result, case):
-    g, length = case.info["gpus"], len(case.inputs[0])
+    _, g, _, length = _shape(case)
     sizes = {len(b) for b in np.array_split(np.zeros(length), g)}
     out = result.outputs[0]
     if g > 1 and isinstance(out, np.ndarray) and out.shape and out.shape[0] in sizes:
@@ -174,7 +178,7 @@ def _block_returned(failure, result, case):
 
 
 def _wrong_sum(case, rank, out, trace):
-    n, g = case.world_size, case.info["gpus"]
+    _, g, n, _ = _shape(case)
     want = np.sum(case.inputs, axis=0)
     fail = wrong_values(case, rank, out, sums.close(out, case.inputs, range(n)), want,
                         "every rank ends with the sum of all inputs")
@@ -233,8 +237,7 @@ def _split(count, parts):
 
 def cross_node_bytes(trace, case):
     """Each GPU sends and receives 2(M-1)/M of n/G between nodes; all together 2(M-1) n."""
-    m, g = case.info["nodes"], case.info["gpus"]
-    n, length = m * g, len(case.inputs[0])
+    m, g, n, length = _shape(case)
     cross, sent, got = _traffic(trace, n, g, across=True)
     piece = _split(length, n)            # one GPU's piece of its block, for each of M nodes
     lo, hi = 2 * (m - 1) * piece[0] * 8, 2 * (m - 1) * piece[1] * 8
@@ -285,8 +288,7 @@ def _per_rank(sent, got, g):
 
 def _cross_hint(cross, sent, case):
     """Name the pattern of the messages between nodes, when it is a known one."""
-    m, g = case.info["nodes"], case.info["gpus"]
-    length = len(case.inputs[0])
+    m, g, _, length = _shape(case)
     talkers = {e.src % g for e in cross} | {e.dst % g for e in cross}
     if g > 1 and all(e.src % g == g - 1 and e.dst % g == 0 or e.src % g == 0 and e.dst % g == g - 1
                      for e in cross):
@@ -355,8 +357,7 @@ ONE_RING = dict(
 
 def inside_node_bytes(trace, case):
     """A ReduceScatter and an AllGather of n inside each node: 2(G-1)/G of n per GPU."""
-    m, g = case.info["nodes"], case.info["gpus"]
-    n, length = m * g, len(case.inputs[0])
+    m, g, n, length = _shape(case)
     _, sent, got = _traffic(trace, n, g, across=False)
     block = _split(length, g)
     lo, hi = 2 * (g - 1) * block[0] * 8, 2 * (g - 1) * block[1] * 8
@@ -388,8 +389,7 @@ def payloads(result, case):
     the sender's node (the sender among them) or over every rank."""
     if result.payloads is None:
         return None
-    m, g = case.info["nodes"], case.info["gpus"]
-    n, length, inputs = m * g, len(case.inputs[0]), case.inputs
+    (m, g, n, length), inputs = _shape(case), case.inputs
     blocks = chunk_slices(length, g)
     pieces = [(b, slice(blk.start + s.start, blk.start + s.stop))
               for b, blk in enumerate(blocks) for s in chunk_slices(blk.stop - blk.start, m)]
@@ -471,15 +471,14 @@ def _bad_payload(case, e, p, places, where, want):
 
 def closed_form(case):
     """Seconds the hierarchical algorithm takes for this case on ``network(G)``."""
-    m, g = case.info["nodes"], case.info["gpus"]
-    return two_level_time("hierarchical_allreduce", m, g, len(case.inputs[0]) * 8, INTRA, INTER)
+    m, g, _, length = _shape(case)
+    return two_level_time("hierarchical_allreduce", m, g, length * 8, INTRA, INTER)
 
 
 def timing(result, case):
     if result.time is None or not any(e.end is not None for e in result.trace):
         return None
-    m, g = case.info["nodes"], case.info["gpus"]
-    length, want = len(case.inputs[0]), closed_form(case)
+    (m, g, _, length), want = _shape(case), closed_form(case)
     if result.time <= SLACK * want + 1e-12:
         return None
     us = lambda t: f"{t * 1e6:.4g} us"    # noqa: E731

@@ -34,8 +34,9 @@ an AllReduce is much shorter than a layer's backward:
    carries that bucket's gradients, summed over the right ranks;
 7. overlap, from the simulated times: every bucket but the last (more
    precisely: every bucket without a gradient of layer 0, which is ready only
-   when backward ends) starts its AllReduce before backward ends, and backward never waits for the network
-   (each layer's backward starts when the one before it ends).
+   when backward ends) starts its AllReduce before backward ends, and backward
+   never waits for the network (each layer's backward starts when the one
+   before it ends).
 
 On ``backend="torch"`` checks 4-7 are skipped (they read simulated times).
 """
@@ -199,7 +200,8 @@ def _values(result, case):
                            f"rank {r}, gradient {name!r}: not the mean over the {p} ranks",
                            expected=f"{mean[name].ravel()[:4]}...", got=f"{got.ravel()[:4]}...",
                            hint="AllReduce every bucket, then divide by the world size once.")
-            if np.array_equal(got, case.inputs[r][name]) or np.array_equal(got, case.inputs[r][name] / p):
+            own = case.inputs[r][name]
+            if np.array_equal(got, own) or np.array_equal(got, own / p):
                 fail.what += ": it is this rank's own gradient (perhaps / P): no AllReduce"
                 fail.hint = "Every bucket must be AllReduced (comm.start(ring_allreduce, ...))."
             elif np.array_equal(got, total[name]):
@@ -207,9 +209,11 @@ def _values(result, case):
                 fail.hint = "ring_allreduce sums; divide by comm.world_size once."
             elif np.allclose(got, mean[name] / p):
                 fail.what += ": it is averaged twice (divided by P twice)"
-                fail.hint = "Divide by the world size once: before the AllReduce or after, not both."
+                fail.hint = ("Divide by the world size once: before the AllReduce or after, "
+                             "not both.")
             elif np.any(got == 0) and not np.all(mean[name] == 0):
-                fail.what += ": some entries are 0, as if the bucket was sent before its gradient was in it"
+                fail.what += (": some entries are 0, as if the bucket was sent before its "
+                              "gradient was in it")
                 fail.hint = ("Start a bucket's AllReduce only when its last gradient has been "
                              "copied in: the AllReduce sends what the buffer holds then.")
             return fail
@@ -268,8 +272,8 @@ def _buckets(trace, case):
                      "parameters in reverse (reversed(list(params))).")
     # closing at size > cap_bytes (bytes are whole numbers: >= cap_bytes + 1)
     elif got_sizes == sizes(assign_buckets(params, info["cap"] + 1)):
-        fail.what += (f": a bucket that holds exactly cap_bytes ({info['cap']} bytes) was kept open, "
-                      f"as if the size were compared with > instead of >=")
+        fail.what += (f": a bucket that holds exactly cap_bytes ({info['cap']} bytes) was kept "
+                      f"open, as if the size were compared with > instead of >=")
         fail.hint = ("Close a bucket as soon as the bytes in it reach cap_bytes: size >= "
                      "cap_bytes, as torch's compute_bucket_assignment_by_size does.")
     elif len(calls) == len(params):

@@ -3,12 +3,13 @@
 Signature: ``sync_sgd_step(comm, model, opt, x, y, batch_size) -> loss``.
 ``model`` is this rank's replica (a ``ringlab.nn`` ``mlp_model``, equal on
 every rank), ``opt`` its optimizer (``SGD``, or ``Adam`` in the last cases:
-call ``opt.step(grads)`` with the averaged gradients by name); ``(x, y)`` is this rank's shard of a global
-batch of ``batch_size`` samples (shards differ in size when the batch does not
-divide by the world size). The loss is ``ringlab.nn.mse``. The step computes
-the shard's gradient, averages it over the ranks with one ring AllReduce of
-all gradients (weighted so that the result is the whole batch's mean
-gradient), and calls ``opt.step``. The return value is not graded.
+call ``opt.step(grads)`` with the averaged gradients by name); ``(x, y)`` is
+this rank's shard of a global batch of ``batch_size`` samples (shards differ
+in size when the batch does not divide by the world size). The loss is
+``ringlab.nn.mse``. The step computes the shard's gradient, averages it over
+the ranks with one ring AllReduce of all gradients (weighted so that the
+result is the whole batch's mean gradient), and calls ``opt.step``. The
+return value is not graded.
 
 The grader trains a hidden model for 3 steps on hidden data, world sizes 1 to
 8, batches that do and do not divide by the world size, and checks:
@@ -64,7 +65,8 @@ def cases(rng):
         shards = [[(np.array_split(x, p)[r], np.array_split(y, p)[r], batch) for x, y in batches]
                   for r in range(p)]
         yield Case(p, shards, f"world_size={p}, global batch={batch}, model {sizes}, {opt}",
-                   args=(sizes, seed, opt), info=dict(sizes=sizes, seed=seed, batches=batches, opt=opt))
+                   args=(sizes, seed, opt),
+                   info=dict(sizes=sizes, seed=seed, batches=batches, opt=opt))
 
 
 def _optimizer(kind, model):

@@ -485,8 +485,9 @@ def _in_schedule_order(case, sent):
             i = next(i for i, (g, w) in enumerate(zip(got + [None] * len(want), want)) if g != w)
             name = lambda k: f"the {k[0]} of microbatch {k[2]}" if k else "nothing"
             return Failure(case.label, "the schedule's order",
-                           f"rank {r}'s message {i + 1} was {name(got[i] if i < len(got) else None)}"
-                           f"; its schedule sends {name(want[i])} there",
+                           f"rank {r}'s message {i + 1} was "
+                           f"{name(got[i] if i < len(got) else None)}; its schedule sends "
+                           f"{name(want[i])} there",
                            expected="the messages in the order of the rank's actions: "
                                     + " ".join(map(str, actions)),
                            got=f"message {i + 1}: {name(got[i] if i < len(got) else None)}",
