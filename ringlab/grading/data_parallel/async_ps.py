@@ -3,14 +3,9 @@
 Signature: ``async_ps(comm, spec, s) -> (params, log)`` on rank 0 (the
 server), with ``log`` an int array of shape (updates, 2), row i =
 ``(worker, version_read)`` of the i-th gradient applied; the workers (ranks
-1..P) return nothing. ``spec``
-is the task as plain data; ``PSTask.from_spec(spec)`` (``ringlab.data_parallel.
-ps_task``) rebuilds it. The protocol is the one in
-``ringlab.data_parallel.async_ps``: the server sends parameters
-(or ``STOP``, an empty array), a worker answers each parameter message with
-one gradient from ``task.work(comm, params, k)``, the server applies
-``params -= task.lr * grad`` in arrival order (``recv_any``) and logs
-``(worker, version_read)``.
+1..P) return nothing. The protocol is the one ``ringlab.data_parallel.async_ps``
+documents (parameters or ``STOP`` down, one gradient of ``task.work`` up per
+parameter message, ``params -= task.lr * grad`` in ``recv_any``'s order).
 
 The learner's log and result are never trusted: every check is derived from
 the trace and its payloads (the run records them), on hidden worker speeds

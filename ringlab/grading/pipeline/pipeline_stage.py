@@ -1,27 +1,13 @@
 """Grader for exercise ``pipeline_stage``: one rank's program of a pipeline.
 
 Signature: ``pipeline_stage(comm, work) -> dict {name: gradient}``. ``work``
-is a ``ringlab.pipeline.stages.StageWork`` (the fields the notebook
-describes):
-
-* ``actions``: this rank's list of ``Action``s, in the order to run them
-  (F, B and, in zero-bubble schedules, W);
-* ``stages``: ``{stage: (first, module)}``, each model stage this rank holds:
-  a ``ringlab.nn.Sequential`` and the index of its first layer in the whole
-  model (one stage per rank; two with interleaving);
-* ``n_stages``; ``inputs`` (on the rank of stage 0, else None) and
-  ``targets`` (on the rank of the last stage): one array per microbatch;
-  ``batch_rows``, the rows of the whole batch; ``seconds`` (what each action
-  takes, for ``comm.compute``; optional).
-
-F of stage s > 0 receives its input from the rank of stage s - 1, and every F
-but the last stage's sends its output to the rank of stage s + 1; the last
-stage computes ``ringlab.nn.mse`` on each microbatch, weighted by its share of
-the batch (rows / batch_rows). B of stage s < last receives the output
-gradient from the rank of stage s + 1, and every B but stage 0's sends the
-input gradient to the rank of stage s - 1. The function returns the gradients
-of the rank's stages, named as in the whole model ("2.weight"), summed over
-the microbatches: the gradient of the mse over the whole batch.
+is a ``ringlab.pipeline.stages.StageWork`` (its docstring lists the fields, as
+the notebook does), and the program does what the reference,
+``ringlab.pipeline.stages.pipeline_stage``, documents: F receives its input
+from stage s - 1 and sends its output to stage s + 1, B the other way; the
+last stage weights each microbatch's mse by rows / batch_rows. It returns the
+gradients of the rank's stages, named as in the whole model ("2.weight"),
+summed over the microbatches: the gradient of the mse over the whole batch.
 
 Cases: GPipe, 1F1B (m < p, m > p), interleaved 1F1B (v = 2) and ZB-H1, p = 2
 to 4, some in rendezvous mode (a blocking send waits for its receive), one on
