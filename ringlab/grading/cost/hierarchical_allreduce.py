@@ -390,41 +390,43 @@ def payloads(result, case):
     if result.payloads is None:
         return None
     (m, g, n, length), inputs = _shape(case), case.inputs
-    blocks = chunk_slices(length, g)
+    blocks = list(enumerate(chunk_slices(length, g)))             # (block, where)
     pieces = [(b, slice(blk.start + s.start, blk.start + s.stop))
-              for b, blk in enumerate(blocks) for s in chunk_slices(blk.stop - blk.start, m)]
+              for b, blk in blocks for s in chunk_slices(blk.stop - blk.start, m)]
     block_of = {}
     for e in result.trace:
-        p = result.payload(e)
-        home = e.src // g
-        if home != e.dst // g:
-            sets = list(_whole_nodes(home, m, g))
-            found = next(((b, where) for b, where in pieces for members in sets
-                          if where.stop - where.start == np.size(p)
-                          and sums.holds(p, inputs, members, where)), None)
-            if found is None:
-                return _bad_payload(case, e, p, pieces, "between nodes",
-                                    f"a piece of one block (np.array_split(x, {g}), then each "
-                                    f"block into {m}), summed over whole nodes: all {g} GPUs "
-                                    f"of node {home} and of any other nodes")
-            b = block_of.setdefault(e.src, found[0])
-            if b != found[0]:
-                return Failure(case.label, what=f"at step {e.step} {_where(e.src, g)} sent a "
-                                                f"piece of block {found[0]} across nodes, after "
-                                                f"pieces of block {b}",
-                               got=f"blocks {b} and {found[0]}", **ONE_BLOCK)
-        else:
-            own = range(home * g, home * g + g)
-            mates = [r for r in own if r != e.src]
-            sets = [sorted([e.src, *(r for j, r in enumerate(mates) if mask >> j & 1)])
-                    for mask in range(2 ** (g - 1))] + [list(range(n))]
-            if not any(where.stop - where.start == np.size(p) and sums.holds(p, inputs, s, where)
-                       for where in blocks for s in sets):
-                return _bad_payload(case, e, p, blocks, "inside the node",
-                                    f"one block of np.array_split(x, {g}), summed over GPUs of "
-                                    f"node {home} with rank {e.src} among them (ReduceScatter) "
-                                    f"or over all {n} ranks (AllGather)")
+        p, home = result.payload(e), e.src // g
+        across = home != e.dst // g
+        places, sets = ((pieces, list(_whole_nodes(home, m, g))) if across
+                        else (blocks, _node_sums(e.src, g, n)))
+        found = next((b for b, where in places for members in sets
+                      if where.stop - where.start == np.size(p)
+                      and sums.holds(p, inputs, members, where)), None)
+        if found is None and across:
+            return _bad_payload(case, e, p, pieces, "between nodes",
+                                f"a piece of one block (np.array_split(x, {g}), then each "
+                                f"block into {m}), summed over whole nodes: all {g} GPUs "
+                                f"of node {home} and of any other nodes")
+        if found is None:
+            return _bad_payload(case, e, p, blocks, "inside the node",
+                                f"one block of np.array_split(x, {g}), summed over GPUs of "
+                                f"node {home} with rank {e.src} among them (ReduceScatter) "
+                                f"or over all {n} ranks (AllGather)")
+        b = block_of.setdefault(e.src, found) if across else found
+        if b != found:
+            return Failure(case.label, what=f"at step {e.step} {_where(e.src, g)} sent a "
+                                            f"piece of block {found} across nodes, after "
+                                            f"pieces of block {b}",
+                           got=f"blocks {b} and {found}", **ONE_BLOCK)
     return None
+
+
+def _node_sums(rank, g, n):
+    """The sets of ranks a message inside a node may sum over: GPUs of ``rank``'s
+    node, ``rank`` among them (ReduceScatter), or all ``n`` ranks (AllGather)."""
+    mates = [r for r in range(rank // g * g, rank // g * g + g) if r != rank]
+    return [sorted([rank, *(r for j, r in enumerate(mates) if mask >> j & 1)])
+            for mask in range(2 ** (g - 1))] + [list(range(n))]
 
 
 ONE_BLOCK = dict(
@@ -450,8 +452,7 @@ def _bad_payload(case, e, p, places, where, want):
     else:
         held = f"{p.size} values that are not a ring's piece (a block of n/G summed over ranks)"
         if case.info["decodable"]:
-            for place in places:
-                s = place[1] if isinstance(place, tuple) else place
+            for _, s in places:
                 if s.stop - s.start == p.size and p.size:
                     members = sums.which(p, case.inputs, s)
                     if members is not None:
