@@ -47,7 +47,7 @@ import numpy as np
 
 from ... import sums
 from ..kit.driver import callable_learner
-from ..kit.reductions import chunk_slices, wrong_values
+from ..kit.reductions import chunk_sizes, chunk_slices, wrong_values
 from ..kit.frames import without_grader_frames
 from ..kit.report import Case, Failure, numbers
 from ..kit.running import check_outputs_shape, run_case
@@ -165,7 +165,7 @@ def _range(lo, hi):
 
 def _block_returned(failure, result, case):
     _, g, _, length = _shape(case)
-    sizes = {len(b) for b in np.array_split(np.zeros(length), g)}
+    sizes = set(chunk_sizes(length, g))
     out = result.outputs[0]
     if g > 1 and isinstance(out, np.ndarray) and out.shape and out.shape[0] in sizes:
         failure.hint = ("That is one GPU's block, 1/G of the vector: after the inter-node step "
@@ -228,16 +228,17 @@ def _held_hint(members, rank, case):
 
 # -- 3.-5. traffic -----------------------------------------------------------------------
 
-def _split(count, parts):
-    return count // parts, -(-count // parts)
+def _ring_bytes(length, parts, ring):
+    """(fewest, most) bytes a GPU sends in a ring of ``ring`` GPUs that moves 2(ring - 1)
+    pieces of ``length / parts`` float64s (np.array_split's: one element more or less)."""
+    return tuple(2 * (ring - 1) * k * 8 for k in (length // parts, -(-length // parts)))
 
 
 def cross_node_bytes(trace, case):
     """Each GPU sends and receives 2(M-1)/M of n/G between nodes; all together 2(M-1) n."""
     m, g, n, length = _shape(case)
     cross, sent, got = _traffic(trace, g, across=True)
-    piece = _split(length, n)            # one GPU's piece of its block, for each of M nodes
-    lo, hi = 2 * (m - 1) * piece[0] * 8, 2 * (m - 1) * piece[1] * 8
+    lo, hi = _ring_bytes(length, n, m)   # a piece of a GPU's block, for each of M nodes
     want = (f"2(M-1)/M x n/G x 8 = 2*{m - 1}/{m} x {length}/{g} x 8 = {_range(lo, hi)} "
             f"per GPU, sent and received (a ring AllReduce of its 1/G block among the "
             f"{m} GPUs of its index)")
@@ -298,7 +299,7 @@ def _cross_hint(cross, sent, case):
                 f"vector: a leader per node. Its one link carries G = {g} times the data "
                 f"while the other GPUs' links sit idle. Let every GPU AllReduce its own "
                 f"1/G block across nodes instead.")
-    full = 2 * (m - 1) * _split(length, m)[1] * 8
+    full = _ring_bytes(length, m, m)[1]
     if g > 1 and max(sent) <= full and max(sent) * 2 > full:
         return ("Every GPU sends the whole vector's worth across nodes: an AllReduce of all n "
                 "elements over mesh.group('node'). ReduceScatter inside the node first, then "
@@ -356,8 +357,7 @@ def inside_node_bytes(trace, case):
     """A ReduceScatter and an AllGather of n inside each node: 2(G-1)/G of n per GPU."""
     m, g, n, length = _shape(case)
     _, sent, got = _traffic(trace, g, across=False)
-    block = _split(length, g)
-    lo, hi = 2 * (g - 1) * block[0] * 8, 2 * (g - 1) * block[1] * 8
+    lo, hi = _ring_bytes(length, g, g)   # a block, in a ReduceScatter and an AllGather
     want = (f"2(G-1)/G x n x 8 = 2*{g - 1}/{g} x {length} x 8 = {_range(lo, hi)} per GPU "
             f"(a ReduceScatter and an AllGather of the vector inside the node), "
             f"{2 * (g - 1) * length * 8} per node")
