@@ -47,7 +47,7 @@ import numpy as np
 
 from ... import sums
 from ..kit.driver import callable_learner
-from ..kit.reductions import chunk_slices, wrong_values
+from ..kit.reductions import chunk_sizes, chunk_slices, wrong_values
 from ..kit.frames import without_grader_frames
 from ..kit.report import Case, Failure, numbers
 from ..kit.running import check_outputs_shape, run_case
@@ -55,6 +55,7 @@ from ...cost.alpha_beta import AlphaBeta, TwoLevel
 from ...cost.interconnects import INTERCONNECTS
 from ...cost.timing import two_level_time
 from ...mesh import DeviceMesh
+from ...trace import Trace
 
 NAME = "hierarchical_allreduce"
 # Part 1's collectives are helpers here; the answer to this exercise is not (ringlab.answers).
@@ -116,8 +117,7 @@ def drive(comm, x, shape, learner):
 
 
 def check(program, case, backend="sim"):
-    m, g = case.info["nodes"], case.info["gpus"]
-    length = len(case.inputs[0])
+    m, g, n, length = _shape(case)
     timed = {"network": network(g)} if backend == "sim" else {}
     result, failure = run_case(functools.partial(drive, learner=program), case, backend, **timed)
     if failure:
@@ -127,14 +127,19 @@ def check(program, case, backend="sim"):
     if failure:
         return _block_returned(failure, result, case)
     for r, out in enumerate(result.outputs):
-        if not sums.holds(out, case.inputs, range(case.world_size)):
+        if not sums.holds(out, case.inputs, range(n)):
             return _wrong_sum(case, r, out, result.trace)
     return (cross_node_bytes(result.trace, case) or same_index(result.trace, case)
-            or one_ring_across(result.trace, case) or inside_node_bytes(result.trace, case) or payloads(result, case)
-            or timing(result, case))
+            or one_ring_across(result.trace, case) or inside_node_bytes(result.trace, case)
+            or payloads(result, case) or timing(result, case))
 
 
 # -- where ranks sit --------------------------------------------------------------------
+
+def _shape(case):
+    """(M nodes, G GPUs per node, M*G ranks, n elements) of a case."""
+    m, g = case.info["nodes"], case.info["gpus"]
+    return m, g, m * g, len(case.inputs[0])
 
 def _where(r, g):
     return f"rank {r} (node {r // g}, GPU {r % g})"
@@ -145,15 +150,11 @@ def _off_rail(e, g):
     return e.src // g != e.dst // g and e.src % g != e.dst % g
 
 
-def _traffic(trace, n, g, across):
+def _traffic(trace, g, across):
     """The messages between nodes (``across``) or inside them, and the bytes each rank
     sent and received in them."""
-    events = [e for e in trace if (e.src // g != e.dst // g) == across]
-    sent, got = [0] * n, [0] * n
-    for e in events:
-        sent[e.src] += e.nbytes
-        got[e.dst] += e.nbytes
-    return events, sent, got
+    part = Trace([e for e in trace if (e.src // g != e.dst // g) == across], trace.world_size)
+    return part, part.bytes_sent(), part.bytes_received()
 
 
 def _range(lo, hi):
@@ -163,8 +164,8 @@ def _range(lo, hi):
 # -- 2. the result ---------------------------------------------------------------------
 
 def _block_returned(failure, result, case):
-    g, length = case.info["gpus"], len(case.inputs[0])
-    sizes = {len(b) for b in np.array_split(np.zeros(length), g)}
+    _, g, _, length = _shape(case)
+    sizes = set(chunk_sizes(length, g))
     out = result.outputs[0]
     if g > 1 and isinstance(out, np.ndarray) and out.shape and out.shape[0] in sizes:
         failure.hint = ("That is one GPU's block, 1/G of the vector: after the inter-node step "
@@ -174,7 +175,7 @@ def _block_returned(failure, result, case):
 
 
 def _wrong_sum(case, rank, out, trace):
-    n, g = case.world_size, case.info["gpus"]
+    _, g, n, _ = _shape(case)
     want = np.sum(case.inputs, axis=0)
     fail = wrong_values(case, rank, out, sums.close(out, case.inputs, range(n)), want,
                         "every rank ends with the sum of all inputs")
@@ -227,17 +228,17 @@ def _held_hint(members, rank, case):
 
 # -- 3.-5. traffic -----------------------------------------------------------------------
 
-def _split(count, parts):
-    return count // parts, -(-count // parts)
+def _ring_bytes(length, parts, ring):
+    """(fewest, most) bytes a GPU sends in a ring of ``ring`` GPUs that moves 2(ring - 1)
+    pieces of ``length / parts`` float64s (np.array_split's: one element more or less)."""
+    return tuple(2 * (ring - 1) * k * 8 for k in (length // parts, -(-length // parts)))
 
 
 def cross_node_bytes(trace, case):
     """Each GPU sends and receives 2(M-1)/M of n/G between nodes; all together 2(M-1) n."""
-    m, g = case.info["nodes"], case.info["gpus"]
-    n, length = m * g, len(case.inputs[0])
-    cross, sent, got = _traffic(trace, n, g, across=True)
-    piece = _split(length, n)            # one GPU's piece of its block, for each of M nodes
-    lo, hi = 2 * (m - 1) * piece[0] * 8, 2 * (m - 1) * piece[1] * 8
+    m, g, n, length = _shape(case)
+    cross, sent, got = _traffic(trace, g, across=True)
+    lo, hi = _ring_bytes(length, n, m)   # a piece of a GPU's block, for each of M nodes
     want = (f"2(M-1)/M x n/G x 8 = 2*{m - 1}/{m} x {length}/{g} x 8 = {_range(lo, hi)} "
             f"per GPU, sent and received (a ring AllReduce of its 1/G block among the "
             f"{m} GPUs of its index)")
@@ -285,8 +286,7 @@ def _per_rank(sent, got, g):
 
 def _cross_hint(cross, sent, case):
     """Name the pattern of the messages between nodes, when it is a known one."""
-    m, g = case.info["nodes"], case.info["gpus"]
-    length = len(case.inputs[0])
+    m, g, _, length = _shape(case)
     talkers = {e.src % g for e in cross} | {e.dst % g for e in cross}
     if g > 1 and all(e.src % g == g - 1 and e.dst % g == 0 or e.src % g == 0 and e.dst % g == g - 1
                      for e in cross):
@@ -299,7 +299,7 @@ def _cross_hint(cross, sent, case):
                 f"vector: a leader per node. Its one link carries G = {g} times the data "
                 f"while the other GPUs' links sit idle. Let every GPU AllReduce its own "
                 f"1/G block across nodes instead.")
-    full = 2 * (m - 1) * _split(length, m)[1] * 8
+    full = _ring_bytes(length, m, m)[1]
     if g > 1 and max(sent) <= full and max(sent) * 2 > full:
         return ("Every GPU sends the whole vector's worth across nodes: an AllReduce of all n "
                 "elements over mesh.group('node'). ReduceScatter inside the node first, then "
@@ -355,11 +355,9 @@ ONE_RING = dict(
 
 def inside_node_bytes(trace, case):
     """A ReduceScatter and an AllGather of n inside each node: 2(G-1)/G of n per GPU."""
-    m, g = case.info["nodes"], case.info["gpus"]
-    n, length = m * g, len(case.inputs[0])
-    _, sent, got = _traffic(trace, n, g, across=False)
-    block = _split(length, g)
-    lo, hi = 2 * (g - 1) * block[0] * 8, 2 * (g - 1) * block[1] * 8
+    m, g, n, length = _shape(case)
+    _, sent, got = _traffic(trace, g, across=False)
+    lo, hi = _ring_bytes(length, g, g)   # a block, in a ReduceScatter and an AllGather
     want = (f"2(G-1)/G x n x 8 = 2*{g - 1}/{g} x {length} x 8 = {_range(lo, hi)} per GPU "
             f"(a ReduceScatter and an AllGather of the vector inside the node), "
             f"{2 * (g - 1) * length * 8} per node")
@@ -388,43 +386,44 @@ def payloads(result, case):
     the sender's node (the sender among them) or over every rank."""
     if result.payloads is None:
         return None
-    m, g = case.info["nodes"], case.info["gpus"]
-    n, length, inputs = m * g, len(case.inputs[0]), case.inputs
-    blocks = chunk_slices(length, g)
+    (m, g, n, length), inputs = _shape(case), case.inputs
+    blocks = list(enumerate(chunk_slices(length, g)))             # (block, where)
     pieces = [(b, slice(blk.start + s.start, blk.start + s.stop))
-              for b, blk in enumerate(blocks) for s in chunk_slices(blk.stop - blk.start, m)]
+              for b, blk in blocks for s in chunk_slices(blk.stop - blk.start, m)]
     block_of = {}
     for e in result.trace:
-        p = result.payload(e)
-        home = e.src // g
-        if home != e.dst // g:
-            sets = list(_whole_nodes(home, m, g))
-            found = next(((b, where) for b, where in pieces for members in sets
-                          if where.stop - where.start == np.size(p)
-                          and sums.holds(p, inputs, members, where)), None)
-            if found is None:
-                return _bad_payload(case, e, p, pieces, "between nodes",
-                                    f"a piece of one block (np.array_split(x, {g}), then each "
-                                    f"block into {m}), summed over whole nodes: all {g} GPUs "
-                                    f"of node {home} and of any other nodes")
-            b = block_of.setdefault(e.src, found[0])
-            if b != found[0]:
-                return Failure(case.label, what=f"at step {e.step} {_where(e.src, g)} sent a "
-                                                f"piece of block {found[0]} across nodes, after "
-                                                f"pieces of block {b}",
-                               got=f"blocks {b} and {found[0]}", **ONE_BLOCK)
-        else:
-            own = range(home * g, home * g + g)
-            mates = [r for r in own if r != e.src]
-            sets = [sorted([e.src, *(r for j, r in enumerate(mates) if mask >> j & 1)])
-                    for mask in range(2 ** (g - 1))] + [list(range(n))]
-            if not any(where.stop - where.start == np.size(p) and sums.holds(p, inputs, s, where)
-                       for where in blocks for s in sets):
-                return _bad_payload(case, e, p, blocks, "inside the node",
-                                    f"one block of np.array_split(x, {g}), summed over GPUs of "
-                                    f"node {home} with rank {e.src} among them (ReduceScatter) "
-                                    f"or over all {n} ranks (AllGather)")
+        p, home = result.payload(e), e.src // g
+        across = home != e.dst // g
+        places, sets = ((pieces, list(_whole_nodes(home, m, g))) if across
+                        else (blocks, _node_sums(e.src, g, n)))
+        found = next((b for b, where in places for members in sets
+                      if where.stop - where.start == np.size(p)
+                      and sums.holds(p, inputs, members, where)), None)
+        if found is None and across:
+            return _bad_payload(case, e, p, pieces, "between nodes",
+                                f"a piece of one block (np.array_split(x, {g}), then each "
+                                f"block into {m}), summed over whole nodes: all {g} GPUs "
+                                f"of node {home} and of any other nodes")
+        if found is None:
+            return _bad_payload(case, e, p, blocks, "inside the node",
+                                f"one block of np.array_split(x, {g}), summed over GPUs of "
+                                f"node {home} with rank {e.src} among them (ReduceScatter) "
+                                f"or over all {n} ranks (AllGather)")
+        b = block_of.setdefault(e.src, found) if across else found
+        if b != found:
+            return Failure(case.label, what=f"at step {e.step} {_where(e.src, g)} sent a "
+                                            f"piece of block {found} across nodes, after "
+                                            f"pieces of block {b}",
+                           got=f"blocks {b} and {found}", **ONE_BLOCK)
     return None
+
+
+def _node_sums(rank, g, n):
+    """The sets of ranks a message inside a node may sum over: GPUs of ``rank``'s
+    node, ``rank`` among them (ReduceScatter), or all ``n`` ranks (AllGather)."""
+    mates = [r for r in range(rank // g * g, rank // g * g + g) if r != rank]
+    return [sorted([rank, *(r for j, r in enumerate(mates) if mask >> j & 1)])
+            for mask in range(2 ** (g - 1))] + [list(range(n))]
 
 
 ONE_BLOCK = dict(
@@ -450,8 +449,7 @@ def _bad_payload(case, e, p, places, where, want):
     else:
         held = f"{p.size} values that are not a ring's piece (a block of n/G summed over ranks)"
         if case.info["decodable"]:
-            for place in places:
-                s = place[1] if isinstance(place, tuple) else place
+            for _, s in places:
                 if s.stop - s.start == p.size and p.size:
                     members = sums.which(p, case.inputs, s)
                     if members is not None:
@@ -471,15 +469,14 @@ def _bad_payload(case, e, p, places, where, want):
 
 def closed_form(case):
     """Seconds the hierarchical algorithm takes for this case on ``network(G)``."""
-    m, g = case.info["nodes"], case.info["gpus"]
-    return two_level_time("hierarchical_allreduce", m, g, len(case.inputs[0]) * 8, INTRA, INTER)
+    m, g, _, length = _shape(case)
+    return two_level_time("hierarchical_allreduce", m, g, length * 8, INTRA, INTER)
 
 
 def timing(result, case):
     if result.time is None or not any(e.end is not None for e in result.trace):
         return None
-    m, g = case.info["nodes"], case.info["gpus"]
-    length, want = len(case.inputs[0]), closed_form(case)
+    (m, g, _, length), want = _shape(case), closed_form(case)
     if result.time <= SLACK * want + 1e-12:
         return None
     us = lambda t: f"{t * 1e6:.4g} us"    # noqa: E731

@@ -3,14 +3,9 @@
 Signature: ``async_ps(comm, spec, s) -> (params, log)`` on rank 0 (the
 server), with ``log`` an int array of shape (updates, 2), row i =
 ``(worker, version_read)`` of the i-th gradient applied; the workers (ranks
-1..P) return nothing. ``spec``
-is the task as plain data; ``PSTask.from_spec(spec)`` (``ringlab.data_parallel.
-ps_task``) rebuilds it. The protocol is the one in
-``ringlab.data_parallel.async_ps``: the server sends parameters
-(or ``STOP``, an empty array), a worker answers each parameter message with
-one gradient from ``task.work(comm, params, k)``, the server applies
-``params -= task.lr * grad`` in arrival order (``recv_any``) and logs
-``(worker, version_read)``.
+1..P) return nothing. The protocol is the one ``ringlab.data_parallel.async_ps``
+documents (parameters or ``STOP`` down, one gradient of ``task.work`` up per
+parameter message, ``params -= task.lr * grad`` in ``recv_any``'s order).
 
 The learner's log and result are never trusted: every check is derived from
 the trace and its payloads (the run records them), on hidden worker speeds
@@ -54,7 +49,6 @@ from collections import defaultdict
 import numpy as np
 
 from ..kit.report import Case, Failure, numbers
-
 from ..kit.running import plain_array, run_case
 from ...data_parallel.async_ps import NETWORK, replay, run_async_ps
 from ...data_parallel.async_ps import clocks as ssp_clocks
@@ -95,6 +89,21 @@ class _Run:
     def fail(self, check, what, **kw):
         return Failure(self.label, check, what, **kw)
 
+    def pay(self, e):
+        return self.res.payload(e)
+
+    def computes(self, w):
+        return [c for c in self.res.trace.computes if c.rank == w]
+
+    def first(self, w, k):
+        """The first version that can hold worker w's gradient k - 1 (0 for k = 0)."""
+        return self.index[id(self.up[w][k - 1])] + 1 if k else 0
+
+    def ready(self, w, k):
+        """The first version at which the SSP bound lets worker w start clock k."""
+        return next(u for u in range(self.first(w, k), len(self.clocks))
+                    if k - min(self.clocks[u].values()) <= self.s)
+
 
 def check(program, case, backend="sim"):
     # Payloads and simulated time are the simulator's: this grader runs there.
@@ -113,293 +122,268 @@ def check(program, case, backend="sim"):
 
 def _returns(r):
     """2. The server returns (params, log)."""
-    res, n_params, fail, case = r.res, r.n_params, r.fail, r.case
-    out = res.outputs[0]
+    out = r.res.outputs[0]
     if not (isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[0], np.ndarray)
-            and out[0].shape == (n_params,)):
-        return fail("the server returns (params, log)",
-                    f"rank 0 returned {type(out).__name__}",
-                    expected=f"a tuple (params of shape ({n_params},), log: an int array "
-                             f"of shape (updates, 2), rows (worker, version_read))")
+            and out[0].shape == (r.n_params,)):
+        return r.fail("the server returns (params, log)",
+                      f"rank 0 returned {type(out).__name__}",
+                      expected=f"a tuple (params of shape ({r.n_params},), log: an int array "
+                               f"of shape (updates, 2), rows (worker, version_read))")
     params, log = out
-    failure = plain_array(case, "the server", params, f"params of shape ({n_params},)")
+    failure = plain_array(r.case, "the server", params, f"params of shape ({r.n_params},)")
     if failure:
         return failure
     rows = np.asarray(log) if isinstance(log, (np.ndarray, list, tuple)) else None
     if (rows is None or rows.ndim != 2 or rows.shape[1:] != (2,)
             or not np.issubdtype(rows.dtype, np.integer)):
-        return fail("the server returns (params, log)",
-                    f"the log is {type(log).__name__}" + (
-                        f" of shape {rows.shape}, dtype {rows.dtype}" if rows is not None else ""),
-                    expected="an int array of shape (updates, 2): row i = (worker, "
-                             "version_read) of the i-th applied gradient",
-                    hint="Collect (worker, version_read) pairs in a list, and return "
-                         "np.array(log).")
-    log = [(int(w), int(v)) for w, v in rows]
-    r.params, r.log = params, log
+        return r.fail("the server returns (params, log)",
+                      f"the log is {type(log).__name__}" + (
+                          f" of shape {rows.shape}, dtype {rows.dtype}" if rows is not None
+                          else ""),
+                      expected="an int array of shape (updates, 2): row i = (worker, "
+                               "version_read) of the i-th applied gradient",
+                      hint="Collect (worker, version_read) pairs in a list, and return "
+                           "np.array(log).")
+    r.params, r.log = params, [(int(w), int(v)) for w, v in rows]
 
 
 def _messages(r):
     """3. Who sends what: the server parameters or STOP, a worker gradients."""
-    res, n_params, fail = r.res, r.n_params, r.fail
-    down, up = defaultdict(list), defaultdict(list)     # per worker, in step order
-    for e in res.trace:
+    r.down, r.up = defaultdict(list), defaultdict(list)     # per worker, in step order
+    for e in r.res.trace:
         if 0 not in (e.src, e.dst):
-            return fail("messages go only between the server and a worker",
-                        f"at step {e.step} worker {e.src} sent worker {e.dst} a message",
-                        hint="Workers never talk to each other in a parameter server.")
-        x = res.payload(e)
-        if e.src == 0:
-            if not (x.size == 0 or (x.shape == (n_params,) and x.dtype == np.float64)):
-                return fail("the server sends parameters or STOP",
-                            f"at step {e.step} the server sent worker {e.dst} shape {x.shape}",
-                            expected=f"the parameters, shape ({n_params},), or STOP (np.empty(0))")
-            down[e.dst].append(e)
-        else:
-            if x.shape != (n_params,):
-                return fail("a worker pushes one gradient per message",
-                            f"at step {e.step} worker {e.src} sent shape {x.shape}",
-                            expected=f"a gradient of shape ({n_params},)")
-            up[e.src].append(e)
-    r.down, r.up = down, up
+            return r.fail("messages go only between the server and a worker",
+                          f"at step {e.step} worker {e.src} sent worker {e.dst} a message",
+                          hint="Workers never talk to each other in a parameter server.")
+        x = r.pay(e)
+        if e.src == 0 and not (x.size == 0 or (x.shape == (r.n_params,)
+                                               and x.dtype == np.float64)):
+            return r.fail("the server sends parameters or STOP",
+                          f"at step {e.step} the server sent worker {e.dst} shape {x.shape}",
+                          expected=f"the parameters, shape ({r.n_params},), or STOP "
+                                   f"(np.empty(0))")
+        if e.src != 0 and x.shape != (r.n_params,):
+            return r.fail("a worker pushes one gradient per message",
+                          f"at step {e.step} worker {e.src} sent shape {x.shape}",
+                          expected=f"a gradient of shape ({r.n_params},)")
+        (r.down[e.dst] if e.src == 0 else r.up[e.src]).append(e)
 
 
 def _protocol(r):
     """4. Each worker pulls, computes, pushes, pulls, ..., and ends on one STOP."""
-    workers, down, up, fail = r.workers, r.down, r.up, r.fail
-    for w in workers:
-        d, u = down[w], up[w]
+    order = "each worker pulls, computes, pushes, then pulls again"
+    for w in r.workers:
+        d, u = r.down[w], r.up[w]
         stops = [i for i, e in enumerate(d) if e.nbytes == 0]
         if stops != [len(d) - 1]:
-            what = (f"worker {w} was sent {len(stops)} STOP messages" if len(stops) != 1 else
-                    f"worker {w} was sent parameters after its STOP")
-            return fail("every worker ends on one STOP", what,
-                        expected="parameter messages, then one STOP (np.empty(0)), last")
+            return r.fail("every worker ends on one STOP",
+                          f"worker {w} was sent {len(stops)} STOP messages" if len(stops) != 1
+                          else f"worker {w} was sent parameters after its STOP",
+                          expected="parameter messages, then one STOP (np.empty(0)), last")
         if len(d) - 1 != len(u):
-            return fail("one gradient comes back for every parameter message",
-                        f"worker {w} was sent {len(d) - 1} parameter messages and pushed "
-                        f"{len(u)} gradients",
-                        hint="A worker answers each parameter message with exactly one gradient.")
+            return r.fail("one gradient comes back for every parameter message",
+                          f"worker {w} was sent {len(d) - 1} parameter messages and pushed "
+                          f"{len(u)} gradients",
+                          hint="A worker answers each parameter message with exactly one "
+                               "gradient.")
         for k in range(len(u)):
             if u[k].step < d[k].step:
-                return fail("each worker pulls, computes, pushes, then pulls again",
-                            f"worker {w} pushed gradient {k} (step {u[k].step}) before it "
-                            f"received the parameters for it (step {d[k].step})",
-                            hint="After a push the worker must wait for the server's reply: "
-                                 "`params = comm.recv(0)`, and compute from those.")
+                return r.fail(order, f"worker {w} pushed gradient {k} (step {u[k].step}) before "
+                                     f"it received the parameters for it (step {d[k].step})",
+                              hint="After a push the worker must wait for the server's reply: "
+                                   "`params = comm.recv(0)`, and compute from those.")
             if d[k + 1].step < u[k].step:
-                return fail("each worker pulls, computes, pushes, then pulls again",
-                            f"the server sent worker {w} new parameters (step {d[k + 1].step}) "
-                            f"before its gradient {k} (step {u[k].step})",
-                            hint="Reply to a worker only after its gradient arrived.")
+                return r.fail(order, f"the server sent worker {w} new parameters (step "
+                                     f"{d[k + 1].step}) before its gradient {k} (step "
+                                     f"{u[k].step})",
+                              hint="Reply to a worker only after its gradient arrived.")
 
 
 def _gradients(r):
     """5. The gradients are task.work's, from the parameters sent."""
-    workers, res, up, down, task, fail = r.workers, r.res, r.up, r.down, r.task, r.fail
-    for w in workers:
-        comp = [c for c in res.trace.computes if c.rank == w and c.label == "gradient"]
-        if len(comp) != len(up[w]) or [c.get("k") for c in comp] != list(range(len(comp))):
-            return fail("one gradient computed per push",
-                        f"worker {w} computed gradients k={[c.get('k') for c in comp]} and "
-                        f"pushed {len(up[w])}",
-                        hint="Call task.work(comm, params, k) once per push, k = 0, 1, 2, ...")
+    task, once = r.task, "one gradient computed per push"
+    for w in r.workers:
+        comp = [c for c in r.computes(w) if c.label == "gradient"]
+        if len(comp) != len(r.up[w]) or [c.get("k") for c in comp] != list(range(len(comp))):
+            return r.fail(once, f"worker {w} computed gradients k={[c.get('k') for c in comp]} "
+                                f"and pushed {len(r.up[w])}",
+                          hint="Call task.work(comm, params, k) once per push, k = 0, 1, 2, ...")
         for c in comp:
             # The hidden compute time is part of the task: a shorter one fakes speed.
             if not np.isclose(c.duration, task.compute_time(w, c.get("k")), rtol=1e-9, atol=0):
-                return fail("one gradient computed per push",
-                            f"worker {w} spent {c.duration:.6g} s on gradient k={c.get('k')}, "
-                            f"but that gradient takes {task.compute_time(w, c.get('k')):.6g} s",
-                            hint="Let task.work(comm, params, k) spend the compute time: do not "
-                                 "call comm.compute yourself for the gradient.")
-        for k, e in enumerate(up[w]):
-            want = task.gradient(res.payload(down[w][k]), w, k)
-            if not np.array_equal(res.payload(e), want):
-                older = k and np.array_equal(
-                    res.payload(e), task.gradient(res.payload(down[w][k - 1]), w, k))
-                return fail("each gradient is computed from the parameters the worker was sent",
-                            f"worker {w}'s gradient {k} is not task.work of the parameters it "
-                            f"received before it" + (
-                                f": it is computed from the parameters of pull {k - 1}, so the "
-                                f"worker pushed again without waiting for fresh ones"
-                                if older else ""),
-                            hint="Push exactly what task.work(comm, params, k) returns, for the "
-                                 "params of the latest comm.recv(0).")
+                return r.fail(once, f"worker {w} spent {c.duration:.6g} s on gradient "
+                                    f"k={c.get('k')}, but that gradient takes "
+                                    f"{task.compute_time(w, c.get('k')):.6g} s",
+                              hint="Let task.work(comm, params, k) spend the compute time: do "
+                                   "not call comm.compute yourself for the gradient.")
+        for k, e in enumerate(r.up[w]):
+            if np.array_equal(r.pay(e), task.gradient(r.pay(r.down[w][k]), w, k)):
+                continue
+            older = k and np.array_equal(r.pay(e), task.gradient(r.pay(r.down[w][k - 1]), w, k))
+            return r.fail("each gradient is computed from the parameters the worker was sent",
+                          f"worker {w}'s gradient {k} is not task.work of the parameters it "
+                          f"received before it" + (
+                              f": it is computed from the parameters of pull {k - 1}, so the "
+                              f"worker pushed again without waiting for fresh ones"
+                              if older else ""),
+                          hint="Push exactly what task.work(comm, params, k) returns, for the "
+                               "params of the latest comm.recv(0).")
 
 
 def _count(r):
     """6. Exactly task.updates gradients."""
-    workers, up, T, fail = r.workers, r.up, r.T, r.fail
-    arrivals = sorted((e for w in workers for e in up[w]), key=lambda e: e.step)
-    if len(arrivals) != T:
-        return fail("the server applies exactly task.updates gradients",
-                    f"{len(arrivals)} gradients were pushed in all",
-                    expected=f"task.updates = {T}: hand out exactly {T} parameter messages, "
-                             f"then STOP",
-                    hint="Count the parameter messages sent (each brings one gradient back); "
-                         "once it reaches task.updates, answer with STOP.")
-    r.arrivals = arrivals
+    r.arrivals = sorted((e for w in r.workers for e in r.up[w]), key=lambda e: e.step)
+    if len(r.arrivals) != r.T:
+        return r.fail("the server applies exactly task.updates gradients",
+                      f"{len(r.arrivals)} gradients were pushed in all",
+                      expected=f"task.updates = {r.T}: hand out exactly {r.T} parameter "
+                               f"messages, then STOP",
+                      hint="Count the parameter messages sent (each brings one gradient back); "
+                           "once it reaches task.updates, answer with STOP.")
 
 
 def _log_order(r):
     """7. The log: every arrived gradient, once, in arrival order."""
-    arrivals, log, fail = r.arrivals, r.log, r.fail
-    order = [e.src for e in arrivals]
-    logged = [w for w, _ in log]
-    if len(log) != len(arrivals):
-        return fail("every pushed gradient is applied exactly once",
-                    f"the log has {len(log)} entries for {len(arrivals)} gradients that arrived",
-                    hint="Log one (worker, version_read) per gradient received, as you apply it.")
-    if logged != order:
-        i = next(i for i, (a, b) in enumerate(zip(logged, order)) if a != b)
-        return fail("gradients are applied in the order they arrive",
-                    f"log entry {i} is a gradient of worker {logged[i]}, but gradient {i} to "
-                    f"arrive came from worker {order[i]}",
-                    expected=f"arrival order {order[:i + 3]} ...", got=f"{logged[:i + 3]} ...",
-                    hint=RECV_ANY)
-    r.order = order
+    r.order, logged = [e.src for e in r.arrivals], [w for w, _ in r.log]
+    if len(r.log) != len(r.arrivals):
+        return r.fail("every pushed gradient is applied exactly once",
+                      f"the log has {len(r.log)} entries for {len(r.arrivals)} gradients that "
+                      f"arrived",
+                      hint="Log one (worker, version_read) per gradient received, as you apply "
+                           "it.")
+    if logged != r.order:
+        i = next(i for i, (a, b) in enumerate(zip(logged, r.order)) if a != b)
+        return r.fail("gradients are applied in the order they arrive",
+                      f"log entry {i} is a gradient of worker {logged[i]}, but gradient {i} to "
+                      f"arrive came from worker {r.order[i]}",
+                      expected=f"arrival order {r.order[:i + 3]} ...", got=f"{logged[:i + 3]} ...",
+                      hint=RECV_ANY)
 
 
 def _replay(r):
     """8. Every parameter message is a prefix of the arrivals, replayed."""
-    arrivals, res, task, workers, down, up, fail = r.arrivals, r.res, r.task, r.workers, r.down, r.up, r.fail
-    index = {id(e): i for i, e in enumerate(arrivals)}
-    grads = [res.payload(e) for e in arrivals]
-    _, states = replay(task, grads)               # version v: the first v gradients applied
-    version_of = {s_.tobytes(): v for v, s_ in enumerate(states)}
-    version = {}                                  # (worker, k) -> version of its k-th params
-    for w in workers:
-        for k, e in enumerate(down[w][:-1]):
-            x = res.payload(e)
+    r.index = {id(e): i for i, e in enumerate(r.arrivals)}
+    r.grads = [r.pay(e) for e in r.arrivals]
+    _, r.states = replay(r.task, r.grads)          # version v: the first v gradients applied
+    version_of = {s_.tobytes(): v for v, s_ in enumerate(r.states)}
+    r.version = {}                                 # (worker, k) -> version of its k-th params
+    for w in r.workers:
+        for k, e in enumerate(r.down[w][:-1]):
+            x, floor = r.pay(e), r.first(w, k)
             v = version_of.get(x.tobytes())
-            floor = index[id(up[w][k - 1])] + 1 if k else 0
             if v is None:
-                return fail("the server applies every gradient once, in arrival order",
-                            f"the parameters sent to worker {w} at step {e.step} are not the "
-                            f"initial ones with the first v arrived gradients applied, for any v"
-                            + _diagnose(x, states, grads, task.lr, floor),
-                            hint="params -= task.lr * grad, once per gradient, as it arrives. "
-                                 + RECV_ANY)
+                return r.fail("the server applies every gradient once, in arrival order",
+                              f"the parameters sent to worker {w} at step {e.step} are not the "
+                              f"initial ones with the first v arrived gradients applied, for "
+                              f"any v" + _diagnose(x, r.states, r.grads, r.task.lr, floor),
+                              hint="params -= task.lr * grad, once per gradient, as it arrives. "
+                                   + RECV_ANY)
             if v < floor:
-                return fail("the server sends the current parameters",
-                            f"worker {w}'s parameters at step {e.step} are version {v}, without "
-                            f"its own gradient {k - 1}, which arrived as gradient {floor - 1}: "
-                            f"version {floor} and later hold it",
-                            hint="Apply the gradient first, then reply with the parameters.")
-            version[w, k] = v
-    r.index, r.grads, r.states, r.version = index, grads, states, version
+                return r.fail("the server sends the current parameters",
+                              f"worker {w}'s parameters at step {e.step} are version {v}, "
+                              f"without its own gradient {k - 1}, which arrived as gradient "
+                              f"{floor - 1}: version {floor} and later hold it",
+                              hint="Apply the gradient first, then reply with the parameters.")
+            r.version[w, k] = v
 
 
 def _log_versions(r):
     """9. The log's versions are the truth."""
-    log, version, fail = r.log, r.version, r.fail
     seen = defaultdict(int)
-    for i, (w, v) in enumerate(log):
+    for i, (w, v) in enumerate(r.log):
         k = seen[w]
         seen[w] += 1
-        if v != version[w, k]:
-            return fail("the log records the version each worker read",
-                        f"log entry {i} says worker {w} read version {v}, but the parameters "
-                        f"it was sent were version {version[w, k]}",
-                        hint="Remember, per worker, len(log) at the moment you send it "
-                             "parameters; log that when its gradient arrives.")
+        if v != r.version[w, k]:
+            return r.fail("the log records the version each worker read",
+                          f"log entry {i} says worker {w} read version {v}, but the parameters "
+                          f"it was sent were version {r.version[w, k]}",
+                          hint="Remember, per worker, len(log) at the moment you send it "
+                               "parameters; log that when its gradient arrives.")
 
 
 def _final(r):
     """10. The final parameters."""
-    params, states, grads, task, fail = r.params, r.states, r.grads, r.task, r.fail
-    if not np.array_equal(params, states[-1]):
-        return fail("the final parameters are the replay of the applied gradients",
-                    "the server's final parameters differ from the initial ones with every "
-                    "arrived gradient applied once, in arrival order"
-                    + _diagnose(params, states, grads, task.lr, len(states) - 1),
-                    expected=numbers(states[-1], 3), got=numbers(params, 3),
-                    hint="Return the parameters the server updated, not a copy made elsewhere.")
+    if not np.array_equal(r.params, r.states[-1]):
+        return r.fail("the final parameters are the replay of the applied gradients",
+                      "the server's final parameters differ from the initial ones with every "
+                      "arrived gradient applied once, in arrival order"
+                      + _diagnose(r.params, r.states, r.grads, r.task.lr, len(r.states) - 1),
+                      expected=numbers(r.states[-1], 3), got=numbers(r.params, 3),
+                      hint="Return the parameters the server updated, not a copy made "
+                           "elsewhere.")
 
 
 def _staleness(r):
     """11-12. The SSP bound, and no waiting beyond it."""
-    workers, order, down, version, s, index, up, fail = r.workers, r.order, r.down, r.version, r.s, r.index, r.up, r.fail
-    clocks = ssp_clocks(workers, order)             # per version: gradients of each worker
-    for w in workers:
-        for k in range(len(down[w]) - 1):
-            v = version[w, k]
-            slowest = min(clocks[v], key=clocks[v].get)
-            if k - clocks[v][slowest] > s:
-                return fail("staleness never above s",
-                            f"worker {w} started clock {k} with parameters of version {v}, "
-                            f"which hold only {clocks[v][slowest]} gradients of worker "
-                            f"{slowest}: {k} - {clocks[v][slowest]} > s = {s}",
-                            hint="Hold a worker's reply back while its clock minus the "
-                                 "slowest worker's clock is above s.")
-            if k:
-                first = index[id(up[w][k - 1])] + 1
-                ready = next(u for u in range(first, len(clocks))
-                             if k - min(clocks[u].values()) <= s)
-                if v > ready:
-                    return fail("no worker waits when it need not",
-                                f"worker {w} could start clock {k} at version {ready} "
-                                f"(within s = {s} of the slowest) but was sent parameters "
-                                f"only at version {v}",
-                                hint="After each gradient you apply, release every held "
-                                     "worker whose clock is within s of the slowest.")
-    r.clocks = clocks
+    r.clocks = ssp_clocks(r.workers, r.order)       # per version: gradients of each worker
+    for w in r.workers:
+        for k in range(len(r.down[w]) - 1):
+            v = r.version[w, k]
+            clock = r.clocks[v]
+            slowest = min(clock, key=clock.get)
+            if k - clock[slowest] > r.s:
+                return r.fail("staleness never above s",
+                              f"worker {w} started clock {k} with parameters of version {v}, "
+                              f"which hold only {clock[slowest]} gradients of worker "
+                              f"{slowest}: {k} - {clock[slowest]} > s = {r.s}",
+                              hint="Hold a worker's reply back while its clock minus the "
+                                   "slowest worker's clock is above s.")
+            if k and v > r.ready(w, k):
+                return r.fail("no worker waits when it need not",
+                              f"worker {w} could start clock {k} at version {r.ready(w, k)} "
+                              f"(within s = {r.s} of the slowest) but was sent parameters "
+                              f"only at version {v}",
+                              hint="After each gradient you apply, release every held "
+                                   "worker whose clock is within s of the slowest.")
 
 
 def _no_idling(r):
-    """13. No idling, in simulated time."""
-    workers, res, down, up, index, clocks, s, arrivals, fail = r.workers, r.res, r.down, r.up, r.index, r.clocks, r.s, r.arrivals, r.fail
-    # parameters arrive; the server sends as soon as the trigger has arrived
-    # and its send port is free.
-    for w in workers:
-        extra = [c for c in res.trace.computes if c.rank == w and c.label != "gradient"]
+    """13. No idling, in simulated time: a worker computes when its parameters
+    arrive; the server sends as soon as the trigger has arrived and its send
+    port is free."""
+    for w in r.workers:
+        extra = [c for c in r.computes(w) if c.label != "gradient"]
         if extra:
-            return fail("no worker idles",
-                        f"worker {w} computed {extra[0].label!r} for "
-                        f"{extra[0].duration * 1e3:.1f} ms",
-                        expected="only gradients, with task.work",
-                        hint="A worker pulls, computes with task.work, pushes: nothing else.")
-        comp = sorted((c for c in res.trace.computes if c.rank == w), key=lambda c: c.start)
-        for k, c in enumerate(comp):
-            arrived = down[w][k].end
+            return r.fail("no worker idles",
+                          f"worker {w} computed {extra[0].label!r} for "
+                          f"{extra[0].duration * 1e3:.1f} ms",
+                          expected="only gradients, with task.work",
+                          hint="A worker pulls, computes with task.work, pushes: nothing else.")
+        for k, c in enumerate(sorted(r.computes(w), key=lambda c: c.start)):
+            arrived = r.down[w][k].end
             if c.start > arrived + EPS:
-                return fail("no worker idles",
-                            f"worker {w}'s parameters for gradient {k} arrived at "
-                            f"{arrived * 1e3:.1f} ms, but it started computing at "
-                            f"{c.start * 1e3:.1f} ms",
-                            hint="Compute as soon as the parameters arrive.")
-    sends = sorted((e for w in workers for e in down[w]), key=lambda e: e.step)
+                return r.fail("no worker idles",
+                              f"worker {w}'s parameters for gradient {k} arrived at "
+                              f"{arrived * 1e3:.1f} ms, but it started computing at "
+                              f"{c.start * 1e3:.1f} ms",
+                              hint="Compute as soon as the parameters arrive.")
     port_free = 0.0
-    for e in sends:
-        w, k = e.dst, down[e.dst].index(e)
-        if k < len(down[w]) - 1:                      # a parameter message, not STOP
-            first = index[id(up[w][k - 1])] + 1 if k else 0
-            ready = next(u for u in range(first, len(clocks))
-                         if k - min(clocks[u].values()) <= s)
-            trigger = arrivals[ready - 1].end if ready else 0.0
-            could = max(trigger, port_free)
+    for e in sorted((e for w in r.workers for e in r.down[w]), key=lambda e: e.step):
+        w, k = e.dst, r.down[e.dst].index(e)
+        if k < len(r.down[w]) - 1:                      # a parameter message, not STOP
+            ready = r.ready(w, k)
+            could = max(r.arrivals[ready - 1].end if ready else 0.0, port_free)
             if e.start > could + EPS:
-                return fail("the server never idles",
-                            f"the server could send worker {w} its parameters for clock "
-                            f"{k} at {could * 1e3:.1f} ms but they left at "
-                            f"{e.start * 1e3:.1f} ms",
-                            hint="Reply as soon as a gradient is applied; do not compute or "
-                                 "wait on the server.")
+                return r.fail("the server never idles",
+                              f"the server could send worker {w} its parameters for clock "
+                              f"{k} at {could * 1e3:.1f} ms but they left at "
+                              f"{e.start * 1e3:.1f} ms",
+                              hint="Reply as soon as a gradient is applied; do not compute or "
+                                   "wait on the server.")
         port_free = e.end
 
 
 def _throughput(r):
     """14. Throughput against the reference on the same hidden speeds."""
-    case, task, s, res, T, fail = r.case, r.task, r.s, r.res, r.T, r.fail
-    ref = case.info.get("reference")
+    ref = r.case.info.get("reference")
     if ref is None:
-        ref = case.info["reference"] = run_async_ps(task, s).time
-    if res.time > SLACK * ref:
-        return fail("throughput within 1.5x of the reference",
-                    f"{T} updates took {res.time:.3f} simulated seconds",
-                    expected=f"at most {SLACK} x {ref:.3f} s",
-                    got=f"{res.time / ref:.2f} x the reference",
-                    hint="Do not wait or compute more than the protocol needs.")
+        ref = r.case.info["reference"] = run_async_ps(r.task, r.s).time
+    if r.res.time > SLACK * ref:
+        return r.fail("throughput within 1.5x of the reference",
+                      f"{r.T} updates took {r.res.time:.3f} simulated seconds",
+                      expected=f"at most {SLACK} x {ref:.3f} s",
+                      got=f"{r.res.time / ref:.2f} x the reference",
+                      hint="Do not wait or compute more than the protocol needs.")
     return None
 
 

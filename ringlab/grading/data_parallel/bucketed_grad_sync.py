@@ -34,8 +34,9 @@ an AllReduce is much shorter than a layer's backward:
    carries that bucket's gradients, summed over the right ranks;
 7. overlap, from the simulated times: every bucket but the last (more
    precisely: every bucket without a gradient of layer 0, which is ready only
-   when backward ends) starts its AllReduce before backward ends, and backward never waits for the network
-   (each layer's backward starts when the one before it ends).
+   when backward ends) starts its AllReduce before backward ends, and backward
+   never waits for the network (each layer's backward starts when the one
+   before it ends).
 
 On ``backend="torch"`` checks 4-7 are skipped (they read simulated times).
 """
@@ -44,8 +45,8 @@ import functools
 
 import numpy as np
 
+from ..kit.checks import first_wait
 from ..kit.report import Case, Failure
-
 from ..kit.running import plain_array, run_case
 from . import _payloads as payloads
 from ..kit.driver import callable_learner
@@ -82,9 +83,11 @@ def cases(rng):
             # Whole multiples of P: the mean over ranks is exact in any summation order.
             grads = {n: p * rng.integers(-50, 51, s).astype(np.float64) for n, s in shapes}
             inputs.append(grads)
+        params = {n: np.zeros(s) for n, s in shapes}
         yield Case(p, inputs, f"world_size={p}, {layers} layers (widths {widths}), "
                    f"cap_bytes={cap}", args=(cap, seconds),
-                   info=dict(shapes=shapes, cap=cap, seconds=seconds))
+                   info=dict(shapes=shapes, cap=cap, seconds=seconds, params=params,
+                             buckets=assign_buckets(params, cap)))
 
 
 def layer_backward(comm, grads, seconds):
@@ -130,10 +133,9 @@ def check(program, case, backend="sim"):
 def _payloads(result, case):
     """Each bucket's AllReduce carries the ranks' gradients of that bucket (laid
     out in bucket order or in forward order; divided by P before or not)."""
-    p = case.world_size
-    params = {n: np.zeros(s) for n, s in case.info["shapes"]}
+    p, params = case.world_size, case.info["params"]
     operands = []
-    for names in assign_buckets(params, case.info["cap"]):
+    for names in case.info["buckets"]:
         layouts = [names, sorted(names, key=list(params).index)]
         operands.append([[np.concatenate([case.inputs[r][n].ravel() for n in layout])
                           for r in range(p)] for layout in layouts])
@@ -198,7 +200,8 @@ def _values(result, case):
                            f"rank {r}, gradient {name!r}: not the mean over the {p} ranks",
                            expected=f"{mean[name].ravel()[:4]}...", got=f"{got.ravel()[:4]}...",
                            hint="AllReduce every bucket, then divide by the world size once.")
-            if np.array_equal(got, case.inputs[r][name]) or np.array_equal(got, case.inputs[r][name] / p):
+            own = case.inputs[r][name]
+            if np.array_equal(got, own) or np.array_equal(got, own / p):
                 fail.what += ": it is this rank's own gradient (perhaps / P): no AllReduce"
                 fail.hint = "Every bucket must be AllReduced (comm.start(ring_allreduce, ...))."
             elif np.array_equal(got, total[name]):
@@ -206,9 +209,11 @@ def _values(result, case):
                 fail.hint = "ring_allreduce sums; divide by comm.world_size once."
             elif np.allclose(got, mean[name] / p):
                 fail.what += ": it is averaged twice (divided by P twice)"
-                fail.hint = "Divide by the world size once: before the AllReduce or after, not both."
+                fail.hint = ("Divide by the world size once: before the AllReduce or after, "
+                             "not both.")
             elif np.any(got == 0) and not np.all(mean[name] == 0):
-                fail.what += ": some entries are 0, as if the bucket was sent before its gradient was in it"
+                fail.what += (": some entries are 0, as if the bucket was sent before its "
+                              "gradient was in it")
                 fail.hint = ("Start a bucket's AllReduce only when its last gradient has been "
                              "copied in: the AllReduce sends what the buffer holds then.")
             return fail
@@ -242,12 +247,12 @@ def _calls(trace):
 
 
 def _buckets(trace, case):
-    info, p = case.info, case.world_size
-    params = {n: np.zeros(s) for n, s in info["shapes"]}
-    want = assign_buckets(params, info["cap"])
-    want_sizes = [sum(params[n].size for n in b) for b in want]
-    calls = _calls(trace)
-    got_sizes = [n for n, _ in calls]
+    info = case.info
+    params, want, calls = info["params"], info["buckets"], _calls(trace)
+
+    def sizes(buckets):                     # elements per bucket
+        return [sum(params[n].size for n in b) for b in buckets]
+    want_sizes, got_sizes = sizes(want), [n for n, _ in calls]
     if len(trace) and not calls:
         return Failure(case.label, "buckets: reverse layer order, closed at the cap",
                        "messages were sent, but no ring_allreduce call was found",
@@ -255,8 +260,7 @@ def _buckets(trace, case):
                             "trace shows one call per bucket.")
     if got_sizes == want_sizes:
         return None
-    forward = [sum(params[n].size for n in b)
-               for b in assign_buckets(dict(reversed(list(params.items()))), info["cap"])]
+    forward = sizes(assign_buckets(dict(reversed(list(params.items()))), info["cap"]))
     fail = Failure(case.label, "buckets: reverse layer order, closed at the cap",
                    f"{len(calls)} bucket AllReduce(s) of {got_sizes} elements",
                    expected=f"{len(want)} buckets of {want_sizes} elements: "
@@ -266,9 +270,10 @@ def _buckets(trace, case):
         fail.what += ": the buckets were filled in forward order"
         fail.hint = ("Backward makes the last layer's gradients first: fill buckets walking the "
                      "parameters in reverse (reversed(list(params))).")
-    elif got_sizes == _over_cap_sizes(params, info["cap"]):
-        fail.what += (f": a bucket that holds exactly cap_bytes ({info['cap']} bytes) was kept open, "
-                      f"as if the size were compared with > instead of >=")
+    # closing at size > cap_bytes (bytes are whole numbers: >= cap_bytes + 1)
+    elif got_sizes == sizes(assign_buckets(params, info["cap"] + 1)):
+        fail.what += (f": a bucket that holds exactly cap_bytes ({info['cap']} bytes) was kept "
+                      f"open, as if the size were compared with > instead of >=")
         fail.hint = ("Close a bucket as soon as the bytes in it reach cap_bytes: size >= "
                      "cap_bytes, as torch's compute_bucket_assignment_by_size does.")
     elif len(calls) == len(params):
@@ -285,27 +290,12 @@ def _buckets(trace, case):
     return fail
 
 
-def _over_cap_sizes(params, cap):
-    """The bucket sizes (elements) of the mistake that closes a bucket only past the
-    cap (size > cap_bytes)."""
-    sizes, size = [], 0
-    for name in reversed(list(params)):
-        size += params[name].nbytes
-        if size > cap:
-            sizes.append(size // 8)
-            size = 0
-    return sizes + ([size // 8] if size else [])
-
-
 def _overlap(trace, case):
-    p, info = case.world_size, case.info
-    calls = _calls(trace)
+    calls, buckets = _calls(trace), case.info["buckets"]
     # Buckets holding a gradient of layer 0 are ready only when backward ends
     # (the last bucket, and with a tiny cap also the one before it): exempt.
-    params = {n: np.zeros(s) for n, s in info["shapes"]}
-    early = [not any(n.startswith("0.") for n in b) for b in assign_buckets(params, info["cap"])]
-    buckets = assign_buckets(params, info["cap"])
-    for r in range(p):
+    early = [not any(n.startswith("0.") for n in b) for b in buckets]
+    for r in range(case.world_size):
         back = [c for c in trace.computes if c.rank == r and c.label == "backward" and not c.stream]
         end = max(c.end for c in back)
         done = {c.get("layer"): c.end for c in back}     # when each layer's gradients exist
@@ -329,14 +319,14 @@ def _overlap(trace, case):
                     expected="every bucket but the last starts while backward still runs",
                     hint="Start each bucket's AllReduce inside the backward loop, as soon as its "
                          "last gradient has arrived; wait for the works after the loop.")
-        for before, after in zip(back, back[1:]):
-            if after.start > before.end + 1e-12:
-                return Failure(
-                    case.label, "backward never waits for the network",
-                    f"rank {r}: layer {after.get('layer')}'s backward started at "
-                    f"{after.start * 1e3:.3f} ms, {(after.start - before.end) * 1e6:.1f} us after "
-                    f"layer {before.get('layer')}'s ended",
-                    expected="each layer's backward starts when the previous one ends",
-                    hint="Do not call work.wait() inside the backward loop: that waits for the "
-                         "AllReduce. Collect the works and wait after backward.")
+        if gap := first_wait(back):
+            before, after = gap
+            return Failure(
+                case.label, "backward never waits for the network",
+                f"rank {r}: layer {after.get('layer')}'s backward started at "
+                f"{after.start * 1e3:.3f} ms, {(after.start - before.end) * 1e6:.1f} us after "
+                f"layer {before.get('layer')}'s ended",
+                expected="each layer's backward starts when the previous one ends",
+                hint="Do not call work.wait() inside the backward loop: that waits for the "
+                     "AllReduce. Collect the works and wait after backward.")
     return None

@@ -3,12 +3,13 @@
 Signature: ``sync_sgd_step(comm, model, opt, x, y, batch_size) -> loss``.
 ``model`` is this rank's replica (a ``ringlab.nn`` ``mlp_model``, equal on
 every rank), ``opt`` its optimizer (``SGD``, or ``Adam`` in the last cases:
-call ``opt.step(grads)`` with the averaged gradients by name); ``(x, y)`` is this rank's shard of a global
-batch of ``batch_size`` samples (shards differ in size when the batch does not
-divide by the world size). The loss is ``ringlab.nn.mse``. The step computes
-the shard's gradient, averages it over the ranks with one ring AllReduce of
-all gradients (weighted so that the result is the whole batch's mean
-gradient), and calls ``opt.step``. The return value is not graded.
+call ``opt.step(grads)`` with the averaged gradients by name); ``(x, y)`` is
+this rank's shard of a global batch of ``batch_size`` samples (shards differ
+in size when the batch does not divide by the world size). The loss is
+``ringlab.nn.mse``. The step computes the shard's gradient, averages it over
+the ranks with one ring AllReduce of all gradients (weighted so that the
+result is the whole batch's mean gradient), and calls ``opt.step``. The
+return value is not graded.
 
 The grader trains a hidden model for 3 steps on hidden data, world sizes 1 to
 8, batches that do and do not divide by the world size, and checks:
@@ -38,7 +39,8 @@ from ..kit.report import Case, Failure
 from ..kit.running import run_case
 from . import _payloads as payloads
 from ..kit.driver import callable_learner
-from ...nn import SGD, Adam, flatten, mlp_model, mse
+from ...data_parallel.sync_sgd import local_gradient
+from ...nn import SGD, Adam, flatten, mlp_model
 
 NAME = "sync_sgd_step"
 # Part 1's collectives are the tools here: `ringlab grade` lets submissions use them
@@ -63,7 +65,8 @@ def cases(rng):
         shards = [[(np.array_split(x, p)[r], np.array_split(y, p)[r], batch) for x, y in batches]
                   for r in range(p)]
         yield Case(p, shards, f"world_size={p}, global batch={batch}, model {sizes}, {opt}",
-                   args=(sizes, seed, opt), info=dict(sizes=sizes, seed=seed, batches=batches, opt=opt))
+                   args=(sizes, seed, opt),
+                   info=dict(sizes=sizes, seed=seed, batches=batches, opt=opt))
 
 
 def _optimizer(kind, model):
@@ -89,26 +92,20 @@ def reference(case, combine=None, operands=None):
     info, p = case.info, case.world_size
     model = mlp_model(info["sizes"], np.random.default_rng(info["seed"]))
     opt = _optimizer(info["opt"], model)
+
+    def gradient(x, y):                     # the mean gradient over these samples, flat
+        local_gradient(model, x, y)
+        return flatten(model.named_grads()).data
+
     for x, y in info["batches"]:
+        shards = list(zip(np.array_split(x, p), np.array_split(y, p)))
         if operands is not None:
-            mine = []
-            for xs, ys in zip(np.array_split(x, p), np.array_split(y, p)):
-                model.zero_grad()
-                model.backward(mse(model.forward(xs), ys)[1])
-                mine.append(flatten(model.named_grads()).data * (len(xs) / len(x)))
-            operands.append([mine])
-        grads = []
-        parts = [(x, y)] if combine is None else zip(np.array_split(x, p), np.array_split(y, p))
-        for xs, ys in parts:
-            model.zero_grad()
-            model.backward(mse(model.forward(xs), ys)[1])
-            grads.append((flatten(model.named_grads()).data, len(xs)))
-        g = grads[0][0] if combine is None else combine(grads, len(x), p)
-        named, offset = {}, 0
-        for name, param in model.named_parameters().items():
-            named[name] = g[offset:offset + param.size].reshape(param.shape)
-            offset += param.size
-        opt.step(named)
+            operands.append([[gradient(xs, ys) * (len(xs) / len(x)) for xs, ys in shards]])
+        g = (gradient(x, y) if combine is None else
+             combine([(gradient(xs, ys), len(xs)) for xs, ys in shards], len(x), p))
+        grads = flatten(model.named_grads())         # the parameters' names and shapes
+        grads.data[...] = g
+        opt.step(grads.views)
     return flatten(model.named_parameters()).data
 
 
@@ -129,26 +126,22 @@ MISTAKES = {
 
 
 def check(program, case, backend="sim"):
-    p = case.world_size
-    learner = functools.partial(_train, learner=program)
-    result, failure = run_case(learner, case, backend)
+    result, failure = run_case(functools.partial(_train, learner=program), case, backend)
     if failure:
         if "deadlock" in failure.check or "received" in failure.check:
             failure.hint = ("Every rank must join every AllReduce, every step: a rank that skips "
                             "the sync (an `if` on the rank, an early return) leaves its ring "
                             "neighbours waiting. " + (failure.hint or ""))
         return failure
-    outs = result.outputs
-    first = outs[0]
-    for r, out in enumerate(outs[1:], 1):
+    first = result.outputs[0]
+    for r, out in enumerate(result.outputs[1:], 1):
         if not np.array_equal(out, first):
-            quiet = len(result.trace) == 0
             return Failure(
                 case.label, "parameters are identical on every rank",
                 f"after {STEPS} steps rank {r}'s parameters differ from rank 0's "
                 f"(largest difference {np.abs(out - first).max():.3g})"
                 + (": the ranks sent no message at all, so each trained on its own shard"
-                   if quiet else ""),
+                   if len(result.trace) == 0 else ""),
                 expected="every replica the same after every step",
                 hint="Average the gradients with an AllReduce before opt.step, on every rank, "
                      "every step: then every rank applies the same update.")
@@ -233,6 +226,9 @@ def _count(case):
     return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
 
 
+RING_HINT = "Use ringlab.collectives.ring_allreduce (or your own ring)."
+
+
 def _ring_messages(trace, case, n_params):
     p = case.world_size
     chunk = -(-n_params // p) * 8
@@ -240,10 +236,9 @@ def _ring_messages(trace, case, n_params):
         if p > 2 and e.dst not in ((e.src + 1) % p, (e.src - 1) % p):
             return Failure(case.label, "the AllReduce is a ring",
                            f"at step {e.step} rank {e.src} sent to rank {e.dst}, not a neighbour",
-                           hint="Use ringlab.collectives.ring_allreduce (or your own ring).")
+                           hint=RING_HINT)
         if e.nbytes > chunk:
             return Failure(case.label, "the AllReduce is a ring",
                            f"at step {e.step} rank {e.src} sent {e.nbytes} bytes, more than one "
-                           f"chunk ({chunk} bytes) of the gradient",
-                           hint="Use ringlab.collectives.ring_allreduce (or your own ring).")
+                           f"chunk ({chunk} bytes) of the gradient", hint=RING_HINT)
     return None

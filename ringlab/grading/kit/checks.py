@@ -17,6 +17,15 @@ from .report import Failure, numbers
 from ...errors import CommError, RankError
 
 
+def first_wait(computes):
+    """The first two of a rank's backward ``computes`` (in order) where the second
+    starts later than the first ended, as ``(before, after)``; None when each
+    starts as the one before it ends. A wait inside the backward loop (for an
+    AllReduce, say) leaves such a gap: "backward never waits for the network"."""
+    return next(((before, after) for before, after in zip(computes, computes[1:])
+                 if after.start > before.end + 1e-12), None)
+
+
 def ring_neighbours(trace, case, algorithm, hub_text, hint=None):
     """Every message goes to (rank + 1) % N or (rank - 1) % N (any message is
     fine when N <= 2). ``hub_text`` names the central scheme, shown when one rank

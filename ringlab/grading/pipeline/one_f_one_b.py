@@ -37,6 +37,7 @@ from ..kit.report import Case, Failure
 from ..kit.running import run_case
 from ...answers import answer
 from ...pipeline.actions import KINDS, Action, format_schedule
+from ...pipeline.schedules import gpipe_stage, one_f_one_b_stage
 from ...pipeline.validate import peak_in_flight, timeline, bubble_ratio, validate
 
 NAME = "one_f_one_b"
@@ -56,32 +57,34 @@ HINT = ("Warm-up: p - 1 - r forwards (at most m). Steady state: one forward, the
 
 @answer("one_f_one_b")
 def _with_warmup(r, p, m, warmup, swapped=False):
+    """Rank r's 1F1B list with another warm-up (the library's 1F1B for a pipeline of
+    r + 1 + warmup stages) and, ``swapped``, each steady-state pair run B before F."""
     warmup = max(0, min(warmup, m))
-    order = [Action("F", i, r) for i in range(warmup)]
-    for i in range(warmup, m):
-        pair = [Action("F", i, r), Action("B", i - warmup, r)]
-        order += pair[::-1] if swapped else pair
-    return order + [Action("B", i, r) for i in range(m - warmup, m)]
+    order = one_f_one_b_stage(r, r + 1 + warmup, m)
+    if swapped:
+        for i in range(warmup, 2 * m - warmup, 2):
+            order[i:i + 2] = order[i + 1], order[i]
+    return order
 
 
 @answer("one_f_one_b")
 def mistakes(r, p, m):
     """{kind: (rank r's list, words)} of the usual mistakes, for rank r."""
-    gpipe = [Action("F", i, r) for i in range(m)] + [Action("B", i, r) for i in range(m)]
-    found = {"gpipe": (gpipe, f"rank {r}'s list is GPipe's: all {m} forwards, then all the "
-                              f"backwards. 1F1B starts backwards after a warm-up of p - 1 - r "
-                              f"= {p - 1 - r} forwards, so that a rank never holds more than "
-                              f"p - r microbatches")}
-    for kind, wrong, words in (("long", p - r, "one forward too many: p - r"),
-                               ("short", p - 2 - r, "one forward too few: p - 2 - r")):
-        found[kind] = (_with_warmup(r, p, m, wrong),
-                       f"rank {r}'s warm-up has {max(0, min(wrong, m))} forward(s) ({words}); "
-                       f"expected p - 1 - r = {min(p - 1 - r, m)}")
-    found["swapped"] = (_with_warmup(r, p, m, p - 1 - r, swapped=True),
-                        f"rank {r}'s steady state runs the backward before the forward: forward "
-                        f"and backward swapped. In 1F1B's steady state a rank runs the forward of "
-                        f"a new microbatch, then the backward of the oldest one in flight")
-    return found
+    def warmup(wrong, words):
+        return (_with_warmup(r, p, m, wrong),
+                f"rank {r}'s warm-up has {max(0, min(wrong, m))} forward(s) ({words}); "
+                f"expected p - 1 - r = {min(p - 1 - r, m)}")
+    return {"gpipe": (gpipe_stage(r, p, m),
+                      f"rank {r}'s list is GPipe's: all {m} forwards, then all the backwards. "
+                      f"1F1B starts backwards after a warm-up of p - 1 - r = {p - 1 - r} "
+                      f"forwards, so that a rank never holds more than p - r microbatches"),
+            "long": warmup(p - r, "one forward too many: p - r"),
+            "short": warmup(p - 2 - r, "one forward too few: p - 2 - r"),
+            "swapped": (_with_warmup(r, p, m, p - 1 - r, swapped=True),
+                        f"rank {r}'s steady state runs the backward before the forward: "
+                        f"forward and backward swapped. In 1F1B's steady state a rank runs the "
+                        f"forward of a new microbatch, then the backward of the oldest one in "
+                        f"flight")}
 
 
 @answer("one_f_one_b")
@@ -89,7 +92,7 @@ def diagnose(schedule, p, m):
     """Words for the usual mistake the whole schedule is, naming the first rank where it
     differs from 1F1B, or ''. (A swapped steady state on ranks 0..p-2 is also a warm-up one
     short: the last rank, where B comes before F, tells them apart.)"""
-    rights = [_with_warmup(r, p, m, p - 1 - r) for r in range(p)]
+    rights = [one_f_one_b_stage(r, p, m) for r in range(p)]
     each = [mistakes(r, p, m) for r in range(p)]
     for kind in ("gpipe", "swapped", "long", "short"):
         if all(acts == each[r][kind][0] for r, acts in enumerate(schedule)):
@@ -149,7 +152,8 @@ def check(program, case, backend="sim"):
             got = f"{got}\nyour schedule:\n{shown}"
         return Failure(case.label, check_name, what, expected=expected, got=got, hint=hint)
 
-    return _valid(schedule, p, m, fail) or _in_flight(schedule, p, m, fail) or _bubble(schedule, p, m, fail)
+    return (_valid(schedule, p, m, fail) or _in_flight(schedule, p, m, fail)
+            or _bubble(schedule, p, m, fail))
 
 
 def _read(result, case):
@@ -157,9 +161,8 @@ def _read(result, case):
     schedule = []
     for r, out in enumerate(result.outputs):
         text = problem_text(out)
-        ok = (isinstance(out, (list, tuple)) and len(out) == 2
-              and isinstance(out[1], np.ndarray) and out[1].ndim == 2)
-        if text or not ok:
+        if text or not (isinstance(out, (list, tuple)) and len(out) == 2
+                        and isinstance(out[1], np.ndarray) and out[1].ndim == 2):
             return None, Failure(case.label, "returns a list of Actions",
                                  text or f"rank {r}: the function's result could not be read",
                                  expected=RETURNS, hint="Return a list of ringlab.pipeline.Action.")
@@ -168,12 +171,12 @@ def _read(result, case):
         for i, a in enumerate(acts):
             if a.kind == "W":
                 return None, Failure(case.label, "returns a list of Actions",
-                                     f"rank {r}'s list has {a} at position {i}: 1F1B has no W "
-                                     f"(B does the whole backward)", hint=HINT)
+                                     f"rank {r}'s list has {a} at position {i}: 1F1B has no "
+                                     f"W (B does the whole backward)", hint=HINT)
             if a.stage != r:
                 return None, Failure(case.label, "returns a list of Actions",
-                                     f"rank {r}'s list has {a} at position {i}: stage {a.stage}, "
-                                     f"not rank {r}'s own stage {r}",
+                                     f"rank {r}'s list has {a} at position {i}: stage "
+                                     f"{a.stage}, not rank {r}'s own stage {r}",
                                      hint=f"Rank r runs stage r: Action(kind, mb, r), here "
                                           f'Action("F", {a.mb}, {r}).')
     return schedule, None

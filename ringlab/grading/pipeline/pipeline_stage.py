@@ -1,27 +1,13 @@
 """Grader for exercise ``pipeline_stage``: one rank's program of a pipeline.
 
 Signature: ``pipeline_stage(comm, work) -> dict {name: gradient}``. ``work``
-is a ``ringlab.pipeline.stages.StageWork`` (the fields the notebook
-describes):
-
-* ``actions``: this rank's list of ``Action``s, in the order to run them
-  (F, B and, in zero-bubble schedules, W);
-* ``stages``: ``{stage: (first, module)}``, each model stage this rank holds:
-  a ``ringlab.nn.Sequential`` and the index of its first layer in the whole
-  model (one stage per rank; two with interleaving);
-* ``n_stages``; ``inputs`` (on the rank of stage 0, else None) and
-  ``targets`` (on the rank of the last stage): one array per microbatch;
-  ``batch_rows``, the rows of the whole batch; ``seconds`` (what each action
-  takes, for ``comm.compute``; optional).
-
-F of stage s > 0 receives its input from the rank of stage s - 1, and every F
-but the last stage's sends its output to the rank of stage s + 1; the last
-stage computes ``ringlab.nn.mse`` on each microbatch, weighted by its share of
-the batch (rows / batch_rows). B of stage s < last receives the output
-gradient from the rank of stage s + 1, and every B but stage 0's sends the
-input gradient to the rank of stage s - 1. The function returns the gradients
-of the rank's stages, named as in the whole model ("2.weight"), summed over
-the microbatches: the gradient of the mse over the whole batch.
+is a ``ringlab.pipeline.stages.StageWork`` (its docstring lists the fields, as
+the notebook does), and the program does what the reference,
+``ringlab.pipeline.stages.pipeline_stage``, documents: F receives its input
+from stage s - 1 and sends its output to stage s + 1, B the other way; the
+last stage weights each microbatch's mse by rows / batch_rows. It returns the
+gradients of the rank's stages, named as in the whole model ("2.weight"),
+summed over the microbatches: the gradient of the mse over the whole batch.
 
 Cases: GPipe, 1F1B (m < p, m > p), interleaved 1F1B (v = 2) and ZB-H1, p = 2
 to 4, some in rendezvous mode (a blocking send waits for its receive), one on
@@ -64,9 +50,10 @@ from ..kit.running import run_case
 from ...errors import DeadlockError
 from ...nn import GeLU, Linear, Sequential, mlp_model
 from ...pipeline.actions import needs, parse, sends, stage_rank
-# StageWork (what a rank is given), whole_name and the unpipelined reference are tools;
+# StageWork (what a rank is given), stage_works, whole_name and the unpipelined reference
+# are tools;
 # stages.pipeline_stage is the answer
-from ...pipeline.stages import StageWork, unpipelined, whole_name
+from ...pipeline.stages import StageWork, stage_works, unpipelined, whole_name
 
 NAME = "pipeline_stage"
 # actions, schedules and validate are tools here; ringlab.pipeline.stages holds the answer
@@ -113,31 +100,23 @@ def schedule_of(kind, p, m, v):
 # ----------------------------------------------------------------------------- the cases
 
 def _layers(module):
-    """A stage as wire-friendly data: ["linear", W, b] or ["gelu"] per layer."""
-    out = []
-    for layer in module.layers:
-        if isinstance(layer, Linear):
-            out.append(["linear", layer.params["weight"].copy(), layer.params["bias"].copy()])
-        elif isinstance(layer, GeLU):
-            out.append(["gelu"])
-        else:
-            raise TypeError(f"no wire form for {type(layer).__name__}")
-    return out
+    """A stage as wire-friendly data: [weight, bias] per Linear, [] per GeLU."""
+    return [[layer.params["weight"].copy(), layer.params["bias"].copy()]
+            if isinstance(layer, Linear) else [] for layer in module.layers]
 
 
 def _build(layers):
     """The stage back from ``_layers``'s data, in the rank's process."""
     mods = []
-    for spec in layers:
-        if spec[0] == "linear":
-            w, b = spec[1], spec[2]
-            lin = Linear(w.shape[0], w.shape[1], np.random.default_rng(0))
-            lin.params["weight"][...] = w
-            lin.params["bias"][...] = b
-            mods.append(lin)
-        else:
-            mods.append(GeLU())
+    for params in layers:
+        mods.append(Linear(*params[0].shape, np.random.default_rng(0)) if params else GeLU())
+        for name, value in zip(("weight", "bias"), params):
+            mods[-1].params[name][...] = value
     return Sequential(*mods)
+
+
+def _copies(arrays):
+    return None if arrays is None else [a.copy() for a in arrays]
 
 
 def cases(rng):
@@ -148,18 +127,13 @@ def cases(rng):
         rows = m + int(rng.integers(1, m + 2))         # microbatches of unequal rows
         x, y = rng.standard_normal((rows, sizes[0])), rng.standard_normal((rows, sizes[-1]))
         schedule = schedule_of(kind, p, m, v)
-        grads, per_mb, payloads, pieces = unpipelined(model, (x, y), n_stages, m)
-        xs, ys = np.array_split(x, m), np.array_split(y, m)
-        seconds = {"F": 1.0 / v, "B": 1.0 / v, "W": 1.0 / v, "BW": 2.0 / v}
-        inputs, names = [], []
-        for r in range(p):
-            mine = list(range(r, n_stages, p))
-            inputs.append([" ".join(map(str, schedule[r])),
-                           [[s, pieces[s][0], _layers(pieces[s][1])] for s in mine], n_stages,
-                           [a.copy() for a in xs] if r == 0 else None,
-                           [a.copy() for a in ys] if r == stage_rank(n_stages - 1, p) else None,
-                           rows, dict(seconds)])
-            names.append([whole_name(pieces[s][0], n) for s in mine for n in pieces[s][1].named_grads()])
+        grads, per_mb, payloads, _ = unpipelined(model, (x, y), n_stages, m)
+        works = stage_works(model, (x, y), schedule)     # F, B, W: 1 s per rank's share
+        inputs = [[" ".join(map(str, w.actions)),
+                   [[s, first, _layers(mod)] for s, (first, mod) in w.stages.items()], n_stages,
+                   _copies(w.inputs), _copies(w.targets), rows, dict(w.seconds)] for w in works]
+        names = [[whole_name(first, n) for first, mod in w.stages.values()
+                  for n in mod.named_grads()] for w in works]
         where = {"buffered": "", "rendezvous": ", rendezvous mode (a send waits for its "
                                               "receive)"}[mode]
         label = (f"{kind}, p={p} ranks, m={m} microbatches of {rows} rows"
@@ -168,7 +142,7 @@ def cases(rng):
         yield Case(p, inputs, label, args=(names,),
                    info=dict(p=p, m=m, v=v, mode=mode, network=network, grads=grads,
                              per_mb=per_mb, payloads=payloads, names=names, rows=rows,
-                             mb_rows=[len(a) for a in xs], n_stages=n_stages,
+                             mb_rows=[len(a) for a in works[0].inputs], n_stages=n_stages,
                              schedule=schedule))
 
 
@@ -323,13 +297,12 @@ def _tags(trace, case):
 
 def _returned(result, case):
     for r, out in enumerate(result.outputs):
-        text = problem_text(out)
+        want, text = case.info["names"][r], problem_text(out)
         if text is not None:
             return Failure(case.label, "returns its gradients", text, expected=RETURNS,
                            hint="Return a dict of this rank's stages' gradients, e.g. "
                                 "{f\"{first + int(k.split('.')[0])}.{k.split('.')[1]}\": g "
                                 "for k, g in module.named_grads().items()}.")
-        want = case.info["names"][r]
         if not (isinstance(out, (list, tuple)) and len(out) == 1 + len(want)):
             return Failure(case.label, "returns its gradients",
                            f"rank {r}'s result could not be read", expected=RETURNS)
@@ -372,21 +345,18 @@ def _close(got, want, tol=TOL):
 
 def _gradients(result, case):
     info = case.info
-    m, per_mb = info["m"], info["per_mb"]
     for r, out in enumerate(result.outputs):
         names = info["names"][r]
         got = dict(zip(names, out[1:]))
-        want = {n: info["grads"][n] for n in names}
-        bad = [n for n in names if not _close(got[n], want[n])]
-        if not bad:
-            continue
-        n = bad[0]
-        what = (f"rank {r}'s gradient {n!r} differs from the unpipelined model's (the mse over "
-                f"the whole batch of {info['rows']} rows, as ringlab.nn computes it)")
-        words, hint = _diagnose(got, names, per_mb, info)
-        return Failure(case.label, "gradients equal the unpipelined model's",
-                       what + (f":\n{words}" if words else ""),
-                       expected=numbers(want[n]), got=numbers(got[n]), hint=hint)
+        bad = [n for n in names if not _close(got[n], info["grads"][n])]
+        if bad:
+            words, hint = _diagnose(got, names, info["per_mb"], info)
+            return Failure(case.label, "gradients equal the unpipelined model's",
+                           f"rank {r}'s gradient {bad[0]!r} differs from the unpipelined "
+                           f"model's (the mse over the whole batch of {info['rows']} rows, as "
+                           f"ringlab.nn computes it)" + (f":\n{words}" if words else ""),
+                           expected=numbers(info["grads"][bad[0]]), got=numbers(got[bad[0]]),
+                           hint=hint)
     return None
 
 
@@ -398,12 +368,10 @@ def _diagnose(got, names, per_mb, info):
     m, rows, mb_rows = info["m"], info["rows"], info["mb_rows"]
     acc = ("The layers add into module.grads at every backward: keep them across the "
            "microbatches (zero them once, before the first), and return them after the last.")
-    if m > 1 and _same(got, names, per_mb[-1]):
-        return (f"it is only the last microbatch's gradient (microbatch {m - 1}): the gradients "
-                f"are not accumulated over the {m} microbatches", acc)
-    if m > 1 and _same(got, names, per_mb[0]):
-        return ("it is only the first microbatch's gradient (microbatch 0): the gradients are "
-                f"not accumulated over the {m} microbatches", acc)
+    for i, which in ((m - 1, "last"), (0, "first")):
+        if m > 1 and _same(got, names, per_mb[i]):
+            return (f"it is only the {which} microbatch's gradient (microbatch {i}): the "
+                    f"gradients are not accumulated over the {m} microbatches", acc)
     unweighted = {n: sum(g[n] * rows / k for g, k in zip(per_mb, mb_rows)) for n in names}
     if _same(got, names, unweighted):
         return ("each microbatch's loss gradient is not weighted by its share of the batch, "
@@ -415,13 +383,12 @@ def _diagnose(got, names, per_mb, info):
     flat_want = np.concatenate([total[n].ravel() for n in names])
     k = float(flat_got @ flat_want / (flat_want @ flat_want)) if flat_want.any() else 0.0
     if k and _close(flat_got, k * flat_want):
-        for value, words in ((m, "m, the number of microbatches"),
-                             (1 / m, "1 / m, one over the number of microbatches"),
-                             (rows, "batch_rows"), (2.0, "2: each microbatch counted twice?")):
-            if abs(k - value) <= 1e-9 * abs(value):
-                return (f"it is the right gradient times {words}",
-                        "Weight each microbatch's loss gradient by rows / batch_rows, once.")
-        return (f"it is the right gradient times {k:.6g}: scaled wrong",
+        scales = [(m, "m, the number of microbatches"),
+                  (1 / m, "1 / m, one over the number of microbatches"),
+                  (rows, "batch_rows"), (2.0, "2: each microbatch counted twice?")]
+        words = next((words for value, words in scales if abs(k - value) <= 1e-9 * abs(value)),
+                     f"{k:.6g}: scaled wrong")
+        return (f"it is the right gradient times {words}",
                 "Weight each microbatch's loss gradient by rows / batch_rows, once.")
     if not flat_got.any():
         return "it is all zeros: no backward ran into these layers", acc
@@ -444,19 +411,17 @@ def _messages(result, case):
         match = next((k for k in want if want[k].shape == pay.shape and _close(pay, want[k])),
                      None)
         if match is None:
-            held = "zeros" if not pay.any() else "values that are"
+            held = "zeros:" if not pay.any() else "values that are"
             return Failure(case.label, ONCE,
                            f"rank {e.src} sent rank {e.dst} {held} neither an activation nor a "
-                           f"gradient of any microbatch (shape {pay.shape})".replace(
-                               "zeros neither", "zeros: neither"),
+                           f"gradient of any microbatch (shape {pay.shape})",
                            expected="each message: the output of one microbatch's F (to the next "
                                     "stage) or the input gradient of its B (to the previous one)",
                            got=numbers(pay),
                            hint="The grader reads every message: the data must travel in the "
                                 "messages; zeros or stand-ins sent for show, with the data shared "
                                 "some other way, do not pass.")
-        what, s, mb = match
-        frm, to = _ends(match)
+        (what, s, mb), (frm, to) = match, _ends(match)
         if e.dst != stage_rank(to, p) or e.src != stage_rank(frm, p):
             return Failure(case.label, ONCE,
                            f"rank {e.src} sent the {what} of microbatch {mb} from stage {frm} to "
@@ -506,8 +471,9 @@ def _in_schedule_order(case, sent):
             i = next(i for i, (g, w) in enumerate(zip(got + [None] * len(want), want)) if g != w)
             name = lambda k: f"the {k[0]} of microbatch {k[2]}" if k else "nothing"
             return Failure(case.label, "the schedule's order",
-                           f"rank {r}'s message {i + 1} was {name(got[i] if i < len(got) else None)}"
-                           f"; its schedule sends {name(want[i])} there",
+                           f"rank {r}'s message {i + 1} was "
+                           f"{name(got[i] if i < len(got) else None)}; its schedule sends "
+                           f"{name(want[i])} there",
                            expected="the messages in the order of the rank's actions: "
                                     + " ".join(map(str, actions)),
                            got=f"message {i + 1}: {name(got[i] if i < len(got) else None)}",

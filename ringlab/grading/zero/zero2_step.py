@@ -44,6 +44,7 @@ the values, messages and memory it checks are still its own measurements.
 
 import numpy as np
 
+from ..kit.checks import first_wait
 from ..kit.report import Failure
 from ..kit.widths import mlp_widths
 from ..kit import sharded as C
@@ -199,16 +200,16 @@ def overlap(result, case):
         end = max(c.end for r in range(n) for c in back[r][t * linear:(t + 1) * linear])
         for r in range(n):
             mine = back[r][t * linear:(t + 1) * linear]
-            for before, after in zip(mine, mine[1:]):
-                if after.start > before.end + 1e-12:
-                    return Failure(
-                        case.label, "backward never waits for the network",
-                        f"training step {t + 1}, rank {r}: layer {after.get('layer')}'s "
-                        f"backward started {(after.start - before.end) * 1e6:.2f} us after "
-                        f"layer {before.get('layer')}'s ended",
-                        expected="each layer's backward starts when the one before ends",
-                        hint="Do not wait for a ReduceScatter inside the backward loop: "
-                             "collect the works and wait after it.")
+            if gap := first_wait(mine):
+                before, after = gap
+                return Failure(
+                    case.label, "backward never waits for the network",
+                    f"training step {t + 1}, rank {r}: layer {after.get('layer')}'s "
+                    f"backward started {(after.start - before.end) * 1e6:.2f} us after "
+                    f"layer {before.get('layer')}'s ended",
+                    expected="each layer's backward starts when the one before ends",
+                    hint="Do not wait for a ReduceScatter inside the backward loop: "
+                         "collect the works and wait after it.")
             starts = {}
             for label, e in labelled.get(r, []):
                 if label[0] == "RS" and label[2] == t:

@@ -71,16 +71,13 @@ def ag_isend_preallocated(comm, x):
     return out
 
 
-def ag_fixed(comm, x):
-    """BUGGY_SOURCE with the one-line fix: forward the block received in the step before."""
-    n, rank = comm.world_size, comm.rank
-    right, left = (rank + 1) % n, (rank - 1) % n
-    blocks = [None] * n
-    blocks[rank] = x
-    for k in range(n - 1):
-        got = comm.sendrecv(blocks[(rank - k) % n], right, left)
-        blocks[(rank - k - 1) % n] = got
-    return np.concatenate(blocks)
+# BUGGY_SOURCE with the one-line fix: forward the block received in the step before.
+FIX = ("comm.sendrecv(x, right, left)", "comm.sendrecv(blocks[(rank - k) % n], right, left)")
+assert BUGGY_SOURCE.count(FIX[0]) == 1
+_fixed = {"np": np, "__name__": __name__}
+exec(BUGGY_SOURCE.replace(*FIX), _fixed)                                  # noqa: S102
+ag_fixed = _fixed["ring_allgather"]
+ag_fixed.__name__ = ag_fixed.__qualname__ = "ag_fixed"
 
 
 def ag_direct(comm, x):

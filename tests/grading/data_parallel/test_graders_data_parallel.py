@@ -230,16 +230,9 @@ def ddp_default(comm, params, backward, cap_bytes):
 
 
 def ddp_concat(comm, params, backward, cap_bytes):
-    """Right: plain lists and np.concatenate; divides before the AllReduce."""
-    buckets, names, size = [], [], 0
-    for name in reversed(list(params)):
-        names.append(name)
-        size += params[name].nbytes
-        if size >= cap_bytes:
-            buckets.append(names)
-            names, size = [], 0
-    if names:
-        buckets.append(names)
+    """Right: assign_buckets' buckets as plain lists, np.concatenate; divides before the
+    AllReduce."""
+    buckets = assign_buckets(params, cap_bytes)
     have, works = {}, []
     for ready in backward:
         have.update(ready)
