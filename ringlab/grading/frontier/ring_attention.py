@@ -47,12 +47,11 @@ message or sent as two, sendrecv, isend/irecv or ``comm.start``.
 
 import functools
 import math
-import tracemalloc
 import types
 
 import numpy as np
 
-from ..kit import blocks, checks
+from ..kit import blocks, checks, sharded
 from ..kit.driver import callable_learner
 from ..kit.frames import without_grader_frames
 from ..kit.report import Case, Failure, numbers
@@ -131,15 +130,13 @@ def drive(comm, qkv, causal, learner, measure=False):
 
 
 def run(program, case, backend):
-    """``run_case`` of the driver; tracing memory, here, stops after a measured run."""
+    """``run_case`` of the driver; a measured one as ``run_measured`` runs it (tracing
+    memory, here, stops after it)."""
     measure = case.info["measure"]
-    was = tracemalloc.is_tracing()
-    try:
-        return run_case(functools.partial(drive, learner=program, measure=measure), case,
-                        backend, timeout=20.0 if measure else 10.0)
-    finally:
-        if measure and not was and tracemalloc.is_tracing():
-            tracemalloc.stop()
+    program = functools.partial(drive, learner=program, measure=measure)
+    if measure:
+        return sharded.run_measured(program, case, backend)
+    return run_case(program, case, backend, timeout=10.0)
 
 
 def check(program, case, backend="sim"):
