@@ -387,28 +387,28 @@ def unlabelled(case, labels, e, p):
     S, group = labels.S, group_of(e, labels.S)
     what = (f"at step {e.step} {where(e.src, S)} sent {where(e.dst, S)} "
             f"{getattr(p, 'size', '?')} values ({e.nbytes} bytes)")
-    fail = lambda check, words, **kw: Failure(  # noqa: E731
-        case.label, check, what + words, got=numbers(p) if isinstance(p, np.ndarray)
-        else repr(p)[:80], **kw)
+    got = numbers(p) if isinstance(p, np.ndarray) else repr(p)[:80]
     if group is None:
-        return fail(
-            "every message stays in a shard group or a replicate group",
-            ": the two share neither a shard group (a row of the mesh) nor a replicate "
-            "group (a column)" + (", on the world comm" if e.group is None else ""),
+        return Failure(
+            case.label, "every message stays in a shard group or a replicate group",
+            what + ": the two share neither a shard group (a row of the mesh) nor a replicate "
+                   "group (a column)" + (", on the world comm" if e.group is None else ""),
             expected="messages only between ranks of one row (mesh.group('shard')) or of one "
                      "column (mesh.group('replicate')): no collective over all ranks",
+            got=got,
             hint="A collective over all N ranks (an AllReduce of the gradients on comm, "
                  "say) sends across both. HSDP ReduceScatters each unit's gradient in "
                  "mesh.group('shard'), AllReduces that shard in mesh.group('replicate'), "
                  "and AllGathers parameters in mesh.group('shard').")
     if group == "replicate" and isinstance(p, np.ndarray) and p.ndim == 1 and p.size \
             and p.dtype == np.float64 and labels.whole_gradient(e, p):
-        return fail(
-            "only 1/S of the gradient crosses the replicate group",
-            ": a piece of a unit's WHOLE gradient, summed across replicas: a ReduceScatter "
-            "(or an AllReduce) of the full gradient in the replicate group",
+        return Failure(
+            case.label, "only 1/S of the gradient crosses the replicate group",
+            what + ": a piece of a unit's WHOLE gradient, summed across replicas: a "
+                   "ReduceScatter (or an AllReduce) of the full gradient in the replicate "
+                   "group",
             expected=f"between replicas only a piece of the sender's 1/S = 1/{S} shard of "
-                     f"the gradient, already summed over its shard group",
+                     f"the gradient, already summed over its shard group", got=got,
             hint="ReduceScatter the unit's gradient inside mesh.group('shard') first (each "
                  "rank keeps its shard, summed over its row); then AllReduce just that "
                  "shard in mesh.group('replicate'). The groups swapped, or the AllReduce "
@@ -416,17 +416,19 @@ def unlabelled(case, labels, e, p):
     kind = ("neither one rank's shard of a unit's parameters (an AllGather's) nor a partial "
             "sum of the row's weighted gradients (a ReduceScatter's)" if group == "shard" else
             "not a piece of the sender's gradient shard summed over whole rows (an AllReduce's)")
-    return fail("every message carries parameters or gradients", f", in its {group} group: {kind}",
-                expected="AllGather: one shard of a unit's current parameters; "
-                         "ReduceScatter: a chunk of the weighted gradients; AllReduce: a "
-                         "piece of the summed gradient shard; float64, unchanged",
-                hint="The grader reads every message. Send the real parameters and the "
-                     "real gradients (padded at the end to unit.padded, a multiple of S), "
-                     "each unit on its own, as Part 1's ring collectives cut them."
-                     + (" Each unit's grad_shard is AllReduced on its own, after its "
-                        "ReduceScatter: one AllReduce of several units' shards together "
-                        "(a bucket, as FSDP can do) is not what this exercise grades."
-                        if group == "replicate" else ""))
+    return Failure(case.label, "every message carries parameters or gradients",
+                   what + f", in its {group} group: {kind}",
+                   expected="AllGather: one shard of a unit's current parameters; "
+                            "ReduceScatter: a chunk of the weighted gradients; AllReduce: a "
+                            "piece of the summed gradient shard; float64, unchanged",
+                   got=got,
+                   hint="The grader reads every message. Send the real parameters and the "
+                        "real gradients (padded at the end to unit.padded, a multiple of S), "
+                        "each unit on its own, as Part 1's ring collectives cut them."
+                        + (" Each unit's grad_shard is AllReduced on its own, after its "
+                           "ReduceScatter: one AllReduce of several units' shards together "
+                           "(a bucket, as FSDP can do) is not what this exercise grades."
+                           if group == "replicate" else ""))
 
 
 # -- 4.-6. bytes per group, every shard gathered, the order ---------------------------------

@@ -72,15 +72,6 @@ SHAPES = ((4, 2, 2, 1.0, "topk_softmax", ""),
           (6, 1, 2, None, "topk_softmax", "shunned"),
           (7, 1, 1, 1.25, "topk_softmax", "shunned"),
           (8, 2, 2, 1.0, "softmax_topk", "empty"))
-# The checks that more than one place names.
-COUNTS_FIRST = "a counts exchange first"
-DROPPED = "dropped tokens are not sent"
-NOWHERE = "no token goes to a rank that does not hold its expert"
-ONE_MESSAGE = "one message of tokens per pair of ranks"
-ONLY_ROWS = "only tokens and their outputs travel, after the counts"
-DROP_HINT = ("A token over its expert's capacity is dropped: its gate for that expert is 0. "
-             "Route by the nonzero gates, not by the k largest (np.argsort): a dropped token "
-             "does not travel")
 COUNTS_HINT = ("Before any token moves, every rank tells every other rank, directly, how "
                "many of its rows go to each of that rank's experts (an AlltoAll of counts: "
                "alltoall(comm, [counts for rank d's experts, for each d])), zeros included: "
@@ -336,23 +327,28 @@ def _counts(result, case, plan, s, d, events):
     """The first message from s to d: s's counts for d's experts (or all E)."""
     mine, every = plan.owned(d), plan.counts[s]
     want, p = every[mine], events and result.payload(events[0])
-    fail = functools.partial(Failure, case.label, COUNTS_FIRST, hint=COUNTS_HINT)
     if not events:
-        return fail(f"rank {s} sent rank {d} nothing: not even how many rows go to its "
-                    f"experts ({len(plan.tokens[s][d])})",
-                    expected=f"first a message of rank {s}'s counts for rank {d}'s experts "
-                             f"{', '.join(map(str, mine))}: {want.tolist()}", got="no message")
+        return Failure(case.label, "a counts exchange first",
+                       f"rank {s} sent rank {d} nothing: not even how many rows go to its "
+                       f"experts ({len(plan.tokens[s][d])})",
+                       expected=f"first a message of rank {s}'s counts for rank {d}'s experts "
+                                f"{', '.join(map(str, mine))}: {want.tolist()}",
+                       got="no message", hint=COUNTS_HINT)
     if _is_counts(p, want, every):
         return None
     ev, lost, width = events[0], case.info["dropped"][s], plan.x[s].shape[1]
     late = every + np.bincount([i for _, i in lost], minlength=len(every))
     if lost and _is_counts(p, late[mine], late):
         u, i = next((x for x in lost if x[1] in mine), lost[0])
-        return Failure(case.label, DROPPED, f"at step {ev.step} rank {s} told rank {d} the counts "
+        return Failure(case.label, "dropped tokens are not sent",
+                       f"at step {ev.step} rank {s} told rank {d} the counts "
                        f"{numbers(p, 8)}: they count the assignments the capacity dropped "
                        f"(gate 0), e.g. token {u}'s to expert {i}",
                        expected=f"rank {s}'s counts for rank {d}'s experts: {want.tolist()}",
-                       got=f"{numbers(p, 8)}", hint=DROP_HINT + ", nor is it counted.")
+                       got=f"{numbers(p, 8)}",
+                       hint="A token over its expert's capacity is dropped: its gate for that "
+                            "expert is 0. Route by the nonzero gates, not by the k largest "
+                            "(np.argsort): a dropped token does not travel, nor is it counted.")
     array = isinstance(p, np.ndarray)
     if array and p.dtype.kind == "f" and p.ndim == 2 and p.shape[1] == width \
             and len(p) and not np.array_equal(p, np.round(p)):
@@ -363,11 +359,12 @@ def _counts(result, case, plan, s, d, events):
                 f"AlltoAll forwards them, not straight from rank {s} to rank {d}")
     else:
         what = f"{numbers(p, 8)} (shape {np.shape(p)}), not its counts"
-    return fail(f"at step {ev.step} rank {s}'s first message to rank {d} carries {what}",
-                expected=f"rank {s}'s counts for rank {d}'s experts "
-                         f"{', '.join(map(str, mine))}: {want.tolist()} "
-                         f"(or all {len(every)} of its counts, {every.tolist()})",
-                got=f"{numbers(p, 8)}, shape {np.shape(p)}")
+    return Failure(case.label, "a counts exchange first",
+                   f"at step {ev.step} rank {s}'s first message to rank {d} carries {what}",
+                   expected=f"rank {s}'s counts for rank {d}'s experts "
+                            f"{', '.join(map(str, mine))}: {want.tolist()} "
+                            f"(or all {len(every)} of its counts, {every.tolist()})",
+                   got=f"{numbers(p, 8)}, shape {np.shape(p)}", hint=COUNTS_HINT)
 
 
 def _broadcast(result, case, plan):
@@ -387,7 +384,7 @@ def _broadcast(result, case, plan):
             d, p = over[0].dst, result.payload(over[0])
             extra = f" (and {p.shape[1] - width} more columns each: their gates?)" \
                 if p.shape[1] > width else ""
-            return Failure(case.label, NOWHERE,
+            return Failure(case.label, "no token goes to a rank that does not hold its expert",
                            f"rank {s} sent every rank all its {n} tokens; at step {over[0].step} "
                            f"rank {d} got them{extra}: only {len(tokens[d])} row(s) go to rank "
                            f"{d}'s experts ({', '.join(map(str, plan.owned(d)))})",
@@ -444,23 +441,24 @@ def _bad_rows(case, plan, ev, p, used):
                 f"{d}'s experts ({', '.join(map(str, plan.owned(d)))}): tokens "
                 f"{plan.tokens[s][d]}, unchanged, and at most one of rank {s}'s experts' "
                 f"outputs for rank {d}'s tokens ({len(plan.outputs[s][d])} rows)")
-    fail = functools.partial(Failure, case.label, ONLY_ROWS, expected=expected)
     if type(p) is not np.ndarray or p.dtype != np.float64 or p.ndim != 2 or p.shape[1] != width:
         words = f"an array of shape {np.shape(p)}, dtype {getattr(p, 'dtype', type(p).__name__)}"
-        return fail(head + words, got=f"{words}: {numbers(p)}",
-                    hint=f"Send rows of width d = {width} as they are (float64): the "
-                         f"tokens there, the experts' outputs back. The gates stay where "
-                         f"the tokens are: the weighting happens there, after the combine.")
+        return Failure(case.label, "only tokens and their outputs travel, after the counts",
+                       head + words, expected=expected, got=f"{words}: {numbers(p)}",
+                       hint=f"Send rows of width d = {width} as they are (float64): the "
+                            f"tokens there, the experts' outputs back. The gates stay where "
+                            f"the tokens are: the weighting happens there, after the combine.")
     ids = [_token_of(row, plan.x[s]) for row in p]
     if all(t is not None for t in ids):
         return _bad_tokens(case, plan, ev, ids, head, expected, used)
-    return fail(head + f"{len(p)} rows that are not exactly rank {s}'s tokens routed to "
-                f"rank {d}, nor rank {s}'s experts' outputs for rank {d}'s tokens routed "
-                f"to them" + (" (sent a second time)" if (s, d, "outputs") in used else ""),
-                got=f"shape {p.shape}: {numbers(p)}",
-                hint="Each expert output goes back, unchanged and ungated, to the rank "
-                     "whose token it is, in one message per rank; tokens routed to no "
-                     "expert of a rank are not sent there.")
+    return Failure(case.label, "only tokens and their outputs travel, after the counts",
+                   head + f"{len(p)} rows that are not exactly rank {s}'s tokens routed to "
+                   f"rank {d}, nor rank {s}'s experts' outputs for rank {d}'s tokens routed "
+                   f"to them" + (" (sent a second time)" if (s, d, "outputs") in used else ""),
+                   expected=expected, got=f"shape {p.shape}: {numbers(p)}",
+                   hint="Each expert output goes back, unchanged and ungated, to the rank "
+                        "whose token it is, in one message per rank; tokens routed to no "
+                        "expert of a rank are not sent there.")
 
 
 def _token_of(row, x):
@@ -473,33 +471,41 @@ def _bad_tokens(case, plan, ev, ids, head, expected, used):
     s, d = ev.src, ev.dst
     want, n = plan.tokens[s][d], len(plan.x[s])
     extra, missing = _minus(ids, want), _minus(want, ids)
+    got = f"tokens {sorted(ids)}"
 
     def fail(rule, what, hint):
-        return Failure(case.label, rule, head + what, expected=expected,
-                       got=f"tokens {sorted(ids)}", hint=hint)
+        return Failure(case.label, rule, head + what, expected=expected, got=got, hint=hint)
 
     if (s, d, "tokens") in used:
-        return fail(ONE_MESSAGE, f"a second message of tokens ({len(ids)} rows)",
+        return fail("one message of tokens per pair of ranks",
+                    f"a second message of tokens ({len(ids)} rows)",
                     "Send all of rank d's rows in one message (expert by expert): "
                     "one AlltoAll of uneven sizes, not one per expert or per token.")
     dropped = [(t, i) for t, i in case.info["dropped"][s] if t in extra and i in plan.owned(d)]
     if dropped:
         u, i = dropped[0]
-        return fail(DROPPED, f"token {u}, whose assignment to expert {i} was dropped by the "
-                             f"capacity (its gate is 0)", DROP_HINT + ".")
+        return fail("dropped tokens are not sent",
+                    f"token {u}, whose assignment to expert {i} was dropped by the capacity "
+                    f"(its gate is 0)",
+                    "A token over its expert's capacity is dropped: its gate for that expert is "
+                    "0. Route by the nonzero gates, not by the k largest (np.argsort): a dropped "
+                    "token does not travel.")
     if sorted(ids) == list(range(n)) and n > len(want):
-        return fail(NOWHERE, f"all its {n} tokens: only {len(want)} go to rank {d}'s experts",
+        return fail("no token goes to a rank that does not hold its expert",
+                    f"all its {n} tokens: only {len(want)} go to rank {d}'s experts",
                     "Sending every token to every rank (a broadcast, or an AllGather) "
                     "moves e times the bytes. Send rank d only the tokens whose "
                     "gates for rank d's experts are nonzero.")
     if extra:
         goes = [int(i) for i in np.flatnonzero(plan.gates[s][extra[0]])]
-        return fail(NOWHERE, f"token {extra[0]}, which goes to expert(s) {goes} only, none of "
-                             f"them on rank {d}",
+        return fail("no token goes to a rank that does not hold its expert",
+                    f"token {extra[0]}, which goes to expert(s) {goes} only, none of them on "
+                    f"rank {d}",
                     "Rank d holds experts d*E/e .. (d+1)*E/e - 1: send it exactly the "
                     "tokens with a nonzero gate for one of those.")
-    return fail(ONE_MESSAGE, f"{len(ids)} of the {len(want)} rows routed to its experts: "
-                             f"token {missing[0]} is not in it",
+    return fail("one message of tokens per pair of ranks",
+                f"{len(ids)} of the {len(want)} rows routed to its experts: token {missing[0]} "
+                f"is not in it",
                 "Put every row for rank d in one message, expert by expert (a token "
                 "that goes to two of rank d's experts is sent twice, once for each).")
 

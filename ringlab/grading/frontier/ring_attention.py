@@ -552,25 +552,26 @@ def memory(peaks, case):
     size, c = block_bytes(case), case.world_size
     scores, bound = score_bytes(case), memory_bound(case)
     for r, peak in enumerate(peaks or ()):
-        fail = functools.partial(Failure, case.label, "memory: peak per rank, measured")
         if peak is None or peak < 0:
-            return fail(f"rank {r}'s memory could not be measured: the grader's "
-                        f"measurement was tampered with, or the driver changed")
+            return Failure(case.label, "memory: peak per rank, measured",
+                           f"rank {r}'s memory could not be measured: the grader's "
+                           f"measurement was tampered with, or the driver changed")
         if peak > bound:
-            return fail(f"rank {r} held up to {int(peak)} bytes above its inputs: "
-                        f"{peak / size:.1f} K/V blocks of {size} bytes (the whole "
-                        f"sequence's K and V: {2 * c} blocks), or {peak / scores:.1f} "
-                        f"blocks of scores of {scores} bytes (a query's whole row of "
-                        f"scores: {c} blocks)",
-                        expected=f"at most {MEMORY_BLOCKS} K/V blocks and {SCORE_BLOCKS} "
-                                 f"blocks of scores, {bound} bytes: the block you attend "
-                                 f"to, the one arriving, the output, one block's scores "
-                                 f"and the merge's temporaries",
-                        got=f"{int(peak)} bytes",
-                        hint="Ring attention holds one foreign block at a time: attend "
-                             "to it, merge, pass it on, and let it go. Keeping every "
-                             "block that arrives (or gathering K and V first) holds the "
-                             "whole sequence on every rank; keeping every block's scores "
-                             "for one softmax at the end holds a query's whole row of "
-                             "scores. Merge block by block with the log-sum-exp rule.")
+            return Failure(case.label, "memory: peak per rank, measured",
+                           f"rank {r} held up to {int(peak)} bytes above its inputs: "
+                           f"{peak / size:.1f} K/V blocks of {size} bytes (the whole "
+                           f"sequence's K and V: {2 * c} blocks), or {peak / scores:.1f} "
+                           f"blocks of scores of {scores} bytes (a query's whole row of "
+                           f"scores: {c} blocks)",
+                           expected=f"at most {MEMORY_BLOCKS} K/V blocks and {SCORE_BLOCKS} "
+                                    f"blocks of scores, {bound} bytes: the block you attend "
+                                    f"to, the one arriving, the output, one block's scores "
+                                    f"and the merge's temporaries",
+                           got=f"{int(peak)} bytes",
+                           hint="Ring attention holds one foreign block at a time: attend "
+                                "to it, merge, pass it on, and let it go. Keeping every "
+                                "block that arrives (or gathering K and V first) holds the "
+                                "whole sequence on every rank; keeping every block's scores "
+                                "for one softmax at the end holds a query's whole row of "
+                                "scores. Merge block by block with the log-sum-exp rule.")
     return None
