@@ -72,6 +72,9 @@ SHAPES = ((4, 2, 2, 1.0, "topk_softmax", ""),
           (6, 1, 2, None, "topk_softmax", "shunned"),
           (7, 1, 1, 1.25, "topk_softmax", "shunned"),
           (8, 2, 2, 1.0, "softmax_topk", "empty"))
+BROADCAST_HINT = ("Sending every token to every rank (a broadcast, or an AllGather of tokens and "
+                  "gates) moves e times the bytes of a dispatch. Send rank d only the tokens "
+                  "whose gates for rank d's experts are nonzero, and keep the gates home.")
 COUNTS_HINT = ("Before any token moves, every rank tells every other rank, directly, how "
                "many of its rows go to each of that rank's experts (an AlltoAll of counts: "
                "alltoall(comm, [counts for rank d's experts, for each d])), zeros included: "
@@ -343,9 +346,8 @@ def _counts(result, case, plan, s, d, events):
         return Failure(case.label, "dropped tokens are not sent",
                        f"at step {ev.step} rank {s} told rank {d} the counts "
                        f"{numbers(p, 8)}: they count the assignments the capacity dropped "
-                       f"(gate 0), e.g. token {u}'s to expert {i}",
+                       f"(gate 0), e.g. token {u}'s to expert {i}", got=f"{numbers(p, 8)}",
                        expected=f"rank {s}'s counts for rank {d}'s experts: {want.tolist()}",
-                       got=f"{numbers(p, 8)}",
                        hint="A token over its expert's capacity is dropped: its gate for that "
                             "expert is 0. Route by the nonzero gates, not by the k largest "
                             "(np.argsort): a dropped token does not travel, nor is it counted.")
@@ -389,11 +391,7 @@ def _broadcast(result, case, plan):
                            f"rank {d} got them{extra}: only {len(tokens[d])} row(s) go to rank "
                            f"{d}'s experts ({', '.join(map(str, plan.owned(d)))})",
                            expected=f"rank {s}'s tokens {tokens[d]} only, after the counts",
-                           got=f"shape {p.shape}: {numbers(p)}",
-                           hint="Sending every token to every rank (a broadcast, or an "
-                                "AllGather of tokens and gates) moves e times the bytes of "
-                                "a dispatch. Send rank d only the tokens whose gates for "
-                                "rank d's experts are nonzero, and keep the gates home.")
+                           got=f"shape {p.shape}: {numbers(p)}", hint=BROADCAST_HINT)
     return None
 
 
