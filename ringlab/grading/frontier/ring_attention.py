@@ -277,8 +277,8 @@ def _block(case, r, j, rule="global"):
 def _order(case, r, way):
     """The blocks rank r holds, hop by hop, passing ``way`` (+1 right, -1 left),
     those with a key it sees only."""
-    c = case.world_size
-    return [(r - way * t) % c for t in range(c) if _block(case, r, (r - way * t) % c)[2].any()]
+    (c, n), seen = (case.world_size, case.info["dims"][2]), mask(case, r)
+    return [j for j in ((r - way * t) % c for t in range(c)) if seen[:, j * n:(j + 1) * n].any()]
 
 
 def _blockwise(case, r, kind, way):
