@@ -14,15 +14,20 @@ much smaller than Q tensor due to the use of GQA". The bytes equal the
 ring's forward (each rank sends c-1 K/V blocks), but the gathered K/V of the
 whole sequence is held at once, and the gather is not overlapped.
 
+Any layout works, since the gathered keys carry their positions; here the
+zig-zag one (``layout.shard`` hands out the blocks, ``unshard`` puts the
+outputs back in sequence order):
+
     >>> import numpy as np, ringlab
     >>> from ringlab.frontier.blockwise import block_attention
+    >>> from ringlab.frontier.layout import shard, unshard
     >>> rng = np.random.default_rng(0)
     >>> q, k, v = (rng.standard_normal((1, 2, 8, 4)) for _ in range(3))
-    >>> blocks = [tuple(a[:, :, 2 * r:2 * r + 2] for a in (q, k, v)) for r in range(4)]
-    >>> prog = lambda comm, qkv: AllGatherAttention(comm, causal=True).forward(*qkv)
+    >>> blocks = [[shard(a, r, 4, "zigzag", axis=2) for a in (q, k, v)] for r in range(4)]
+    >>> prog = lambda comm, qkv: AllGatherAttention(comm, True, "zigzag").forward(*qkv)
     >>> res = ringlab.run(prog, blocks)
     >>> want, _ = block_attention(q, k, v, np.arange(8), np.arange(8), causal=True)
-    >>> bool(np.allclose(np.concatenate(res.outputs, axis=2), want, rtol=0, atol=1e-12))
+    >>> bool(np.allclose(unshard(res.outputs, "zigzag", axis=2), want, rtol=0, atol=1e-12))
     True
     >>> [s.path for s in res.trace.spans if s.rank == 0]
     ['allgather_attention.forward', 'allgather_attention.forward/ring_allgather']

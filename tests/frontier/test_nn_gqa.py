@@ -7,15 +7,15 @@ import pytest
 
 from ringlab.nn import CausalSelfAttention
 
+from support.torch_leaves import torch_leaves
+
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 
 def torch_attention(layer, x, dy):
     """Forward and backward of ``layer``'s weights in torch (float64): y, dx, grads."""
-    t = lambda a: torch.tensor(a, dtype=torch.float64, requires_grad=True)  # noqa: E731
-    W = {k: t(v) for k, v in layer.named_parameters().items()}
-    xt = t(x)
+    W, xt = torch_leaves(layer, x)
     B, T, dim = x.shape
     H, hd = layer.n_heads, layer.head_dim
     G = layer.kv_heads or H

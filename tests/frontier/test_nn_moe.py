@@ -13,15 +13,15 @@ import pytest
 from ringlab.nn import MoE
 from ringlab.nn.moe import expert_capacity, load_balancing_loss, route
 
+from support.torch_leaves import torch_leaves
+
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 
 def torch_moe(moe, x, dy):
     """y, dx and the parameter gradients of sum(y * dy) + aux_loss, in torch."""
-    t = lambda a: torch.tensor(a, dtype=torch.float64, requires_grad=True)  # noqa: E731
-    W = {k: t(v) for k, v in moe.named_parameters().items()}
-    xt = t(x)
+    W, xt = torch_leaves(moe, x)
     x2 = xt.reshape(-1, x.shape[-1])
     N, E, k = x2.shape[0], moe.n_experts, moe.top_k
     logits = x2 @ W["router.weight"]

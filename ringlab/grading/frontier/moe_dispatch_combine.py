@@ -44,6 +44,7 @@ blocks); ``ringlab.frontier.expert_parallel`` (the reference, its
 
 import functools
 import itertools
+from collections import Counter
 
 import numpy as np
 
@@ -71,6 +72,14 @@ SHAPES = ((4, 2, 2, 1.0, "topk_softmax", ""),
           (6, 1, 2, None, "topk_softmax", "shunned"),
           (7, 1, 1, 1.25, "topk_softmax", "shunned"),
           (8, 2, 2, 1.0, "softmax_topk", "empty"))
+BROADCAST_HINT = ("Sending every token to every rank (a broadcast, or an AllGather of tokens and "
+                  "gates) moves e times the bytes of a dispatch. Send rank d only the tokens "
+                  "whose gates for rank d's experts are nonzero, and keep the gates home.")
+COUNTS_HINT = ("Before any token moves, every rank tells every other rank, directly, how "
+               "many of its rows go to each of that rank's experts (an AlltoAll of counts: "
+               "alltoall(comm, [counts for rank d's experts, for each d])), zeros included: "
+               "the receiver needs them to size its buffers and to split what arrives by "
+               "expert, since routing changes every step.")
 
 
 # -- cases --------------------------------------------------------------------------------
@@ -95,10 +104,9 @@ def _case(rng, e, per, k, cap, gating, special):
     for r, n in enumerate(counts):
         x = rng.standard_normal((n, d))
         routing = route(rng.standard_normal((n, E)) + bias, k, cap, gating)
-        gates = routing.dense_gates()
         info["dropped"].append([(int(t), int(routing.expert[t, j]))
                                 for t, j in zip(*np.nonzero(~routing.kept))])
-        inputs.append((x, gates, w1[r * per:(r + 1) * per].copy(),
+        inputs.append((x, routing.dense_gates(), w1[r * per:(r + 1) * per].copy(),
                        w2[r * per:(r + 1) * per].copy()))
     label = (f"{e} rank{'s' * (e > 1)} x {per} expert{'s' * (per > 1)}, top-{k} {gating}, "
              f"capacity factor {cap}, tokens per rank {counts}, d={d}")
@@ -113,13 +121,9 @@ def expert_rows(w1, w2, x):
 def expected(case):
     """Each rank's y, computed here in one process: sum_i gates[:, i] * E_i(x)."""
     w1, w2 = case.info["experts"]
-    out = []
-    for x, gates, *_ in case.inputs:
-        y = np.zeros_like(x)
-        for i in range(gates.shape[1]):
-            y += gates[:, i:i + 1] * expert_rows(w1[i], w2[i], x)
-        out.append(y)
-    return out
+    return [sum((gates[:, i:i + 1] * expert_rows(w1[i], w2[i], x)
+                 for i in range(gates.shape[1])), np.zeros_like(x))
+            for x, gates, *_ in case.inputs]
 
 
 # -- what every rank runs ---------------------------------------------------------------
@@ -205,18 +209,21 @@ def _values(outputs, case):
     return None
 
 
+def _same(a, got):
+    return np.allclose(a, got, rtol=1e-9, atol=1e-12)
+
+
 def _explain(case, r, t, got, want):
     """(what token t's wrong row is, what to try)."""
     x, gates = case.inputs[r][0], case.inputs[r][1]
     w1, w2 = case.info["experts"]
     mine = np.flatnonzero(gates[t])
     outs = {i: expert_rows(w1[i], w2[i], x[t]) for i in mine}
-    same = lambda a: np.allclose(a, got, rtol=1e-9, atol=1e-12)    # noqa: E731
     dropped = [i for s, i in case.info["dropped"][r] if s == t]
     if not len(mine):
         why = (f"its assignments to experts {', '.join(map(str, dropped))} were all dropped "
                f"by capacity" if dropped else "it goes to no expert")
-        if same(x[t]):
+        if _same(x[t], got):
             return (f"{why}, and it got the token itself",
                     "A token that every expert dropped gets 0 from this layer (in a "
                     "transformer the residual connection carries it past): do not fill it in.")
@@ -225,37 +232,36 @@ def _explain(case, r, t, got, want):
                 "of tokens that go nowhere at 0.")
     total = gates[t, mine].sum()
     if (dropped and not np.isclose(total, 1)
-            and same(sum(gates[t, i] / total * outs[i] for i in mine))):
+            and _same(sum(gates[t, i] / total * outs[i] for i in mine), got)):
         return (f"the gates renormalised over the experts it reached (its assignment to "
                 f"expert {dropped[0]} was dropped by capacity)",
                 "Use the gates as they are: a dropped assignment's gate is 0 and the others "
                 "keep theirs (nothing is renormalised).")
-    if same(sum(outs.values())):
+    if _same(sum(outs.values()), got):
         return ("the experts' outputs summed without their gates",
                 "Weight each expert's output by the token's gate for that expert: "
                 "y[t] += gates[t, i] * out_i[t]. (The gates are the router's weights.)")
     for i in mine:
-        if same(want - gates[t, i] * outs[i]):
+        if _same(want - gates[t, i] * outs[i], got):
             owner = i // case.info["per"]
             own = " (one of this rank's own experts: its rows never travel, but count)" \
                 if owner == r else ""
             return (f"it lacks expert {i}'s share, on rank {owner}{own}",
                     f"Every expert with a nonzero gate adds gates[t, i] * out_i[t]; expert "
                     f"{i}'s output for this token never reached y.")
-    return _mixed_up(case, r, t, got, mine, outs)
+    return _mixed_up(case, r, t, got, mine)
 
 
-def _mixed_up(case, r, t, got, mine, outs):
+def _mixed_up(case, r, t, got, mine):
     """Token t's row as gated outputs of *other* (token, expert) pairs of rank r:
     the outputs came back and were added to the wrong rows, or gated wrongly."""
     x, gates = case.inputs[r][0], case.inputs[r][1]
     w1, w2 = case.info["experts"]
-    pairs = [(s, i) for s, i in zip(*np.nonzero(gates))]
-    values = {(int(s), int(i)): expert_rows(w1[i], w2[i], x[s]) for s, i in pairs}
+    values = {(int(s), int(i)): expert_rows(w1[i], w2[i], x[s])
+              for s, i in zip(*np.nonzero(gates))}
     for combo in itertools.product(values, repeat=len(mine)):
-        row = sum(gates[t, i] * values[c] for i, c in zip(mine, combo))
         wrong = [(c, i) for i, c in zip(mine, combo) if c != (t, i)]
-        if wrong and np.allclose(row, got, rtol=1e-9, atol=1e-12):
+        if wrong and _same(sum(gates[t, i] * values[c] for i, c in zip(mine, combo)), got):
             (s, j), i = wrong[0]
             who = f"token {s}" if s != t else "this token"
             return (f"its share of expert {i} (gate {gates[t, i]:.6g}) is expert {j}'s output "
@@ -315,53 +321,42 @@ def messages(result, case):
         failure = _rows_message(result, case, plan, ev, used)
         if failure:
             return failure
-    for s, d in pairs:
-        for kind, rows in (("tokens", plan.tokens[s][d]), ("outputs", plan.outputs[s][d])):
-            if len(rows) and (s, d, kind) not in used:
-                return _missing(case, plan, s, d, kind)
-    return None
-
-
-COUNTS_HINT = ("Before any token moves, every rank tells every other rank, directly, how "
-               "many of its rows go to each of that rank's experts (an AlltoAll of counts: "
-               "alltoall(comm, [counts for rank d's experts, for each d])), zeros included: "
-               "the receiver needs them to size its buffers and to split what arrives by "
-               "expert, since routing changes every step.")
+    return next((_missing(case, plan, s, d, kind) for s, d in pairs
+                 for kind, rows in (("tokens", plan.tokens[s][d]), ("outputs", plan.outputs[s][d]))
+                 if len(rows) and (s, d, kind) not in used), None)
 
 
 def _counts(result, case, plan, s, d, events):
     """The first message from s to d: s's counts for d's experts (or all E)."""
-    want = plan.counts[s][plan.owned(d)]
+    mine, every = plan.owned(d), plan.counts[s]
+    want, p = every[mine], events and result.payload(events[0])
     if not events:
         return Failure(case.label, "a counts exchange first",
                        f"rank {s} sent rank {d} nothing: not even how many rows go to its "
                        f"experts ({len(plan.tokens[s][d])})",
                        expected=f"first a message of rank {s}'s counts for rank {d}'s experts "
-                                f"{', '.join(map(str, plan.owned(d)))}: {want.tolist()}",
+                                f"{', '.join(map(str, mine))}: {want.tolist()}",
                        got="no message", hint=COUNTS_HINT)
-    ev = events[0]
-    p = result.payload(ev)
-    if _is_counts(p, want, plan.counts[s]):
+    if _is_counts(p, want, every):
         return None
-    lost = case.info["dropped"][s]
-    late = plan.counts[s] + np.bincount([i for _, i in lost], minlength=len(plan.counts[s]))
-    if lost and _is_counts(p, late[plan.owned(d)], late):
-        u, i = next((x for x in lost if x[1] in plan.owned(d)), lost[0])
+    ev, lost, width = events[0], case.info["dropped"][s], plan.x[s].shape[1]
+    late = every + np.bincount([i for _, i in lost], minlength=len(every))
+    if lost and _is_counts(p, late[mine], late):
+        u, i = next((x for x in lost if x[1] in mine), lost[0])
         return Failure(case.label, "dropped tokens are not sent",
                        f"at step {ev.step} rank {s} told rank {d} the counts "
                        f"{numbers(p, 8)}: they count the assignments the capacity dropped "
-                       f"(gate 0), e.g. token {u}'s to expert {i}",
+                       f"(gate 0), e.g. token {u}'s to expert {i}", got=f"{numbers(p, 8)}",
                        expected=f"rank {s}'s counts for rank {d}'s experts: {want.tolist()}",
-                       got=f"{numbers(p, 8)}",
                        hint="A token over its expert's capacity is dropped: its gate for that "
                             "expert is 0. Route by the nonzero gates, not by the k largest "
                             "(np.argsort): a dropped token does not travel, nor is it counted.")
-    width = plan.x[s].shape[1]
-    if isinstance(p, np.ndarray) and p.dtype.kind == "f" and p.ndim == 2 and p.shape[1] == width \
+    array = isinstance(p, np.ndarray)
+    if array and p.dtype.kind == "f" and p.ndim == 2 and p.shape[1] == width \
             and len(p) and not np.array_equal(p, np.round(p)):
         what = (f"rows (shape {p.shape}) before any counts: the counts exchange was "
                 f"skipped")
-    elif isinstance(p, np.ndarray) and p.ndim == 2 and len(p) > 1 and p.shape[1] == len(want):
+    elif array and p.ndim == 2 and len(p) > 1 and p.shape[1] == len(want):
         what = (f"{numbers(p, 8)} (shape {p.shape}): the counts of several ranks, as a ring "
                 f"AlltoAll forwards them, not straight from rank {s} to rank {d}")
     else:
@@ -369,9 +364,8 @@ def _counts(result, case, plan, s, d, events):
     return Failure(case.label, "a counts exchange first",
                    f"at step {ev.step} rank {s}'s first message to rank {d} carries {what}",
                    expected=f"rank {s}'s counts for rank {d}'s experts "
-                            f"{', '.join(map(str, plan.owned(d)))}: {want.tolist()} "
-                            f"(or all {len(plan.counts[s])} of its counts, "
-                            f"{plan.counts[s].tolist()})",
+                            f"{', '.join(map(str, mine))}: {want.tolist()} "
+                            f"(or all {len(every)} of its counts, {every.tolist()})",
                    got=f"{numbers(p, 8)}, shape {np.shape(p)}", hint=COUNTS_HINT)
 
 
@@ -386,25 +380,18 @@ def _broadcast(result, case, plan):
                 and all(any(np.array_equal(row, q) for q in p[:, :x.shape[1]]) for row in x)):
             every.setdefault(s, {}).setdefault(ev.dst, ev)
     for s, got in sorted(every.items()):
-        x = plan.x[s]
-        n, width = x.shape
-        over = [ev for ev in got.values() if len(plan.tokens[s][ev.dst]) < n]
+        (n, width), tokens = plan.x[s].shape, plan.tokens[s]
+        over = [ev for ev in got.values() if len(tokens[ev.dst]) < n]
         if len(got) == case.world_size - 1 and over:
-            ev = over[0]
-            d, p = ev.dst, result.payload(ev)
+            d, p = over[0].dst, result.payload(over[0])
             extra = f" (and {p.shape[1] - width} more columns each: their gates?)" \
                 if p.shape[1] > width else ""
             return Failure(case.label, "no token goes to a rank that does not hold its expert",
-                           f"rank {s} sent every rank all its {n} tokens; at step {ev.step} "
-                           f"rank {d} got them{extra}: only {len(plan.tokens[s][d])} row(s) "
-                           f"go to rank {d}'s "
-                           f"experts ({', '.join(map(str, plan.owned(d)))})",
-                           expected=f"rank {s}'s tokens {plan.tokens[s][d]} only, after the "
-                                    f"counts", got=f"shape {p.shape}: {numbers(p)}",
-                           hint="Sending every token to every rank (a broadcast, or an "
-                                "AllGather of tokens and gates) moves e times the bytes of "
-                                "a dispatch. Send rank d only the tokens whose gates for "
-                                "rank d's experts are nonzero, and keep the gates home.")
+                           f"rank {s} sent every rank all its {n} tokens; at step {over[0].step} "
+                           f"rank {d} got them{extra}: only {len(tokens[d])} row(s) go to rank "
+                           f"{d}'s experts ({', '.join(map(str, plan.owned(d)))})",
+                           expected=f"rank {s}'s tokens {tokens[d]} only, after the counts",
+                           got=f"shape {p.shape}: {numbers(p)}", hint=BROADCAST_HINT)
     return None
 
 
@@ -420,11 +407,9 @@ def _rows_message(result, case, plan, ev, used):
     s, d = ev.src, ev.dst
     p = result.payload(ev)
     for kind, rows in (("tokens", plan.tokens[s][d]), ("outputs", plan.outputs[s][d])):
-        if (s, d, kind) in used:
-            continue
-        width = plan.x[s].shape[1]
-        want = plan.x[s][rows] if kind == "tokens" else np.array(rows).reshape(-1, width)
-        if _same_rows(p, want, exact=kind == "tokens"):
+        want = plan.x[s][rows] if kind == "tokens" else \
+            np.array(rows).reshape(-1, plan.x[s].shape[1])
+        if (s, d, kind) not in used and _same_rows(p, want, exact=kind == "tokens"):
             used.add((s, d, kind))
             return None
     return _bad_rows(case, plan, ev, p, used)
@@ -438,11 +423,9 @@ def _same_rows(p, want, exact):
         return p.size == 0 and not len(want)
     if p.ndim != 2 or p.shape[1] != want.shape[1] or len(p) != len(want):
         return False
-    left = list(range(len(want)))
+    left, same = list(range(len(want))), np.array_equal if exact else _same
     for row in p:
-        hit = next((j for j in left if (np.array_equal(want[j], row) if exact else
-                                        np.allclose(want[j], row, rtol=1e-9, atol=1e-12))),
-                   None)
+        hit = next((j for j in left if same(want[j], row)), None)
         if hit is None:
             return False
         left.remove(hit)
@@ -451,13 +434,11 @@ def _same_rows(p, want, exact):
 
 def _bad_rows(case, plan, ev, p, used):
     s, d = ev.src, ev.dst
-    head = f"at step {ev.step} rank {s} sent rank {d} "
-    mine = ", ".join(map(str, plan.owned(d)))
+    width, head = plan.x[s].shape[1], f"at step {ev.step} rank {s} sent rank {d} "
     expected = (f"after the counts, at most one message of rank {s}'s tokens routed to rank "
-                f"{d}'s experts ({mine}): tokens {plan.tokens[s][d]}, unchanged, and at most "
-                f"one of rank {s}'s experts' outputs for rank {d}'s tokens "
-                f"({len(plan.outputs[s][d])} rows)")
-    width = plan.x[s].shape[1]
+                f"{d}'s experts ({', '.join(map(str, plan.owned(d)))}): tokens "
+                f"{plan.tokens[s][d]}, unchanged, and at most one of rank {s}'s experts' "
+                f"outputs for rank {d}'s tokens ({len(plan.outputs[s][d])} rows)")
     if type(p) is not np.ndarray or p.dtype != np.float64 or p.ndim != 2 or p.shape[1] != width:
         words = f"an array of shape {np.shape(p)}, dtype {getattr(p, 'dtype', type(p).__name__)}"
         return Failure(case.label, "only tokens and their outputs travel, after the counts",
@@ -500,13 +481,13 @@ def _bad_tokens(case, plan, ev, ids, head, expected, used):
                     "one AlltoAll of uneven sizes, not one per expert or per token.")
     dropped = [(t, i) for t, i in case.info["dropped"][s] if t in extra and i in plan.owned(d)]
     if dropped:
-        (u, i), = dropped[:1]
+        u, i = dropped[0]
         return fail("dropped tokens are not sent",
-                    f"token {u}, whose assignment to expert {i} was "
-                    f"dropped by the capacity (its gate is 0)",
-                    "A token over its expert's capacity is dropped: its gate for "
-                    "that expert is 0. Route by the nonzero gates, not by the "
-                    "k largest (np.argsort): a dropped token does not travel.")
+                    f"token {u}, whose assignment to expert {i} was dropped by the capacity "
+                    f"(its gate is 0)",
+                    "A token over its expert's capacity is dropped: its gate for that expert is "
+                    "0. Route by the nonzero gates, not by the k largest (np.argsort): a dropped "
+                    "token does not travel.")
     if sorted(ids) == list(range(n)) and n > len(want):
         return fail("no token goes to a rank that does not hold its expert",
                     f"all its {n} tokens: only {len(want)} go to rank {d}'s experts",
@@ -514,30 +495,22 @@ def _bad_tokens(case, plan, ev, ids, head, expected, used):
                     "moves e times the bytes. Send rank d only the tokens whose "
                     "gates for rank d's experts are nonzero.")
     if extra:
-        u = extra[0]
-        goes = [int(i) for i in np.flatnonzero(plan.gates[s][u])]
+        goes = [int(i) for i in np.flatnonzero(plan.gates[s][extra[0]])]
         return fail("no token goes to a rank that does not hold its expert",
-                    f"token {u}, which goes to expert(s) {goes} only, none of them "
-                    f"on rank {d}",
+                    f"token {extra[0]}, which goes to expert(s) {goes} only, none of them on "
+                    f"rank {d}",
                     "Rank d holds experts d*E/e .. (d+1)*E/e - 1: send it exactly the "
                     "tokens with a nonzero gate for one of those.")
     return fail("one message of tokens per pair of ranks",
-                f"{len(ids)} of the {len(want)} rows routed to its experts: "
-                f"token {missing[0]} is not in it",
+                f"{len(ids)} of the {len(want)} rows routed to its experts: token {missing[0]} "
+                f"is not in it",
                 "Put every row for rank d in one message, expert by expert (a token "
                 "that goes to two of rank d's experts is sent twice, once for each).")
 
 
 def _minus(a, b):
     """The multiset a - b, sorted."""
-    left = list(b)
-    out = []
-    for v in a:
-        if v in left:
-            left.remove(v)
-        else:
-            out.append(v)
-    return sorted(out)
+    return sorted((Counter(a) - Counter(b)).elements())
 
 
 def _missing(case, plan, s, d, kind):
@@ -557,17 +530,13 @@ def _missing(case, plan, s, d, kind):
 
 def _computed(rows, case):
     plan, per = Plan(case), case.info["per"]
-    for r, got in enumerate(rows):
-        for j, m in enumerate(np.asarray(got).reshape(-1)):
-            i = r * per + j
-            want = sum(int(c[i]) for c in plan.counts)
-            if m != want:
-                return Failure(case.label, "every expert computes exactly its tokens",
-                               f"expert {i} (on rank {r}) computed {m} rows; {want} "
-                               f"assignments go to it",
-                               expected=f"{want} rows: tokens per expert "
-                                        f"{np.sum(plan.counts, axis=0).tolist()}",
-                               got=f"{m} rows",
-                               hint="Apply expert i once to the rows routed to it (from every "
-                                    "rank), not to everything that arrived.")
-    return None
+    routed = np.sum(plan.counts, axis=0)
+    wrong = ((r, r * per + j, m) for r, got in enumerate(rows)
+             for j, m in enumerate(np.asarray(got).reshape(-1)) if m != routed[r * per + j])
+    r, i, m = next(wrong, (None, None, None))
+    return None if r is None else Failure(
+        case.label, "every expert computes exactly its tokens",
+        f"expert {i} (on rank {r}) computed {m} rows; {routed[i]} assignments go to it",
+        expected=f"{routed[i]} rows: tokens per expert {routed.tolist()}", got=f"{m} rows",
+        hint="Apply expert i once to the rows routed to it (from every rank), not to "
+             "everything that arrived.")

@@ -47,12 +47,11 @@ message or sent as two, sendrecv, isend/irecv or ``comm.start``.
 
 import functools
 import math
-import tracemalloc
 import types
 
 import numpy as np
 
-from ..kit import blocks, checks
+from ..kit import blocks, checks, sharded
 from ..kit.driver import callable_learner
 from ..kit.frames import without_grader_frames
 from ..kit.report import Case, Failure, numbers
@@ -103,13 +102,9 @@ def cases(rng):
     # 4 ranks, causal, first: small enough to read, every kind of block (past,
     # diagonal, future). The others' shapes come from the seed.
     yield make_case(rng, 4, (1, 2, 3, 4), True)
-    for c in WORLDS:
-        for causal in (True, False):
-            if (c, causal) == (4, True):
-                continue
-            dims = (int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.integers(1, 5)),
-                    int(rng.integers(2, 7)))
-            yield make_case(rng, c, dims, causal)
+    for c, causal in ((c, x) for c in WORLDS for x in (True, False) if (c, x) != (4, True)):
+        dims = tuple(int(rng.integers(1, top)) for top in (3, 4, 5)) + (int(rng.integers(2, 7)),)
+        yield make_case(rng, c, dims, causal)
     yield make_case(rng, 4, (1, 2, 4, 4), True, scale=LARGE,
                     note=f", large scores (q x {LARGE:g}: exp overflows without the max)")
     # n large next to head_dim: a block's scores (16-36 KiB) outweigh its K/V (6-12.5
@@ -135,15 +130,13 @@ def drive(comm, qkv, causal, learner, measure=False):
 
 
 def run(program, case, backend):
-    """``run_case`` of the driver; tracing memory, here, stops after a measured run."""
+    """``run_case`` of the driver; a measured one as ``run_measured`` runs it (tracing
+    memory, here, stops after it)."""
     measure = case.info["measure"]
-    was = tracemalloc.is_tracing()
-    try:
-        return run_case(functools.partial(drive, learner=program, measure=measure), case,
-                        backend, timeout=20.0 if measure else 10.0)
-    finally:
-        if measure and not was and tracemalloc.is_tracing():
-            tracemalloc.stop()
+    program = functools.partial(drive, learner=program, measure=measure)
+    if measure:
+        return sharded.run_measured(program, case, backend)
+    return run_case(program, case, backend, timeout=10.0)
 
 
 def check(program, case, backend="sim"):
@@ -153,9 +146,9 @@ def check(program, case, backend="sim"):
         return failure
     outputs, peaks = result.outputs, None
     if case.info["measure"]:
-        outputs = [o[0] if isinstance(o, list) and len(o) == 2 else o for o in outputs]
-        peaks = [o[1][0] if isinstance(o, list) and len(o) == 2 else None
-                 for o in result.outputs]
+        pair = [isinstance(o, list) and len(o) == 2 for o in outputs]
+        outputs = [o[0] if p else o for o, p in zip(result.outputs, pair)]
+        peaks = [o[1][0] if p else None for o, p in zip(result.outputs, pair)]
     shaped = types.SimpleNamespace(outputs=outputs, trace=result.trace)
     failure = check_outputs_shape(shaped, case, case.info["dims"])
     if failure:
@@ -177,7 +170,7 @@ def check(program, case, backend="sim"):
 
 def whole(case):
     """q, k, v of the whole sequence, (b, h, s, d) each."""
-    return [np.concatenate([x[i] for x in case.inputs], axis=2) for i in range(3)]
+    return [layout.unshard([x[i] for x in case.inputs], "contiguous", axis=2) for i in range(3)]
 
 
 def attend(q, k, v, allowed, scale):
@@ -197,22 +190,20 @@ def positions(case, r):
 
 def mask(case, r, rule="global"):
     """Which of the s keys rank r's n queries see: the causal mask by global
-    positions, or (for the mistakes) by positions inside each block."""
+    positions ("global", "causal"), none ("all"), or, for the mistakes, "local"
+    (positions inside each block), "local skipped" (later ranks' blocks skipped,
+    the others masked locally), "strict" (key < query), "blocks" (whole blocks up
+    to the rank's own, none masked), "future" (the diagonal block masked, every
+    other block seen)."""
     c, n = case.world_size, case.info["dims"][2]
-    keys = np.arange(c * n)
     if not case.info["causal"] and rule == "global":
-        return np.ones((n, c * n), bool)
-    if rule == "local":
-        return keys[None, :] % n <= np.arange(n)[:, None]
-    if rule == "local skipped":        # later ranks' blocks skipped, the others masked locally
-        return (keys[None, :] // n <= r) & (keys[None, :] % n <= np.arange(n)[:, None])
-    if rule == "strict":
-        return keys[None, :] < positions(case, r)[:, None]
-    if rule == "blocks":               # whole blocks up to the rank's own, none masked
-        return np.repeat(keys[None, :] // n <= r, n, axis=0)
-    if rule == "future":               # the diagonal block masked, every other block seen
-        return (keys[None, :] // n != r) | (keys[None, :] % n <= np.arange(n)[:, None])
-    return keys[None, :] <= positions(case, r)[:, None]
+        rule = "all"
+    key = np.arange(c * n)[None, :]
+    block, local, pos = key // n, key % n <= np.arange(n)[:, None], positions(case, r)[:, None]
+    return {"all": np.ones((n, c * n), bool), "local": local,
+            "local skipped": (block <= r) & local, "strict": key < pos,
+            "blocks": np.repeat(block <= r, n, axis=0),
+            "future": (block != r) | local}.get(rule, key <= pos)
 
 
 def expected(case):
@@ -236,6 +227,40 @@ ORIGIN = ("Track whose block you hold: passing right, after t hops it is rank (r
 MASK = ("Compare global positions: rank r's query i is at r*n + i, the key j of rank o's block "
         "at o*n + j; a key is seen when its position <= the query's. Blocks of later ranks are "
         "wholly in the future, earlier ranks' blocks wholly in the past.")
+SCALE = "Scale q k^T by 1 / sqrt(head_dim)."
+# (kind of wrong merge, what it is, whether it is tried passing both ways); hint MERGE
+MERGES = (
+    ("sum", "the blocks' outputs added up, each normalised over its own keys: blocks merged "
+            "without the log-sum-exp rescale", False),
+    ("mean", "the average of the blocks' outputs: equal weights, where each block weighs "
+             "exp(lse_b - lse), its share of the softmax (the log-sum-exp rescale)", False),
+    ("no correction", "the running max went up without rescaling what was summed before: "
+                      "forgot the factor exp(m_old - m_new) on the accumulated output and "
+                      "denominator", True),
+    ("lse kept", "each merge used the first block's lse: lse was never updated to "
+                 "logaddexp(lse, lse_b) after a merge", True),
+    ("last", "the last block's result only: each block's output replaced the one "
+             "before instead of being merged into it", True))
+# (mask rule, what it is, hint): without the causal flag, then with it
+OPEN_MASKS = (
+    ("causal", "a causal mask applied, with causal=False",
+     "Mask only when causal is true; otherwise every query sees every key."),
+    ("blocks", "later ranks' blocks skipped, with causal=False",
+     "Only the causal mask makes a later rank's block all future; without it "
+     "every query sees every block."))
+CAUSAL_MASKS = (
+    ("local", "the causal mask applied with positions inside each block (key j <= query i, "
+              "local indices) instead of global positions", MASK),
+    ("local skipped", "later ranks' blocks rightly skipped, but the others masked with "
+                      "positions inside each block (key j <= query i, local indices): the "
+                      "earlier ranks' blocks, wholly in the past, lost their later keys", MASK),
+    ("future", "later ranks' blocks were attended to: they are wholly in the future, only the "
+               "diagonal block is partly masked", MASK),
+    ("strict", "each query's own key was masked (key < query): a query sees keys at positions "
+               "<= its own", MASK),
+    ("all", "no causal mask, with causal=True", MASK),
+    ("blocks", "the rank's own block attended to without the mask: its queries saw the later "
+               "keys of their own block", MASK))
 
 
 def _block(case, r, j, rule="global"):
@@ -252,8 +277,8 @@ def _block(case, r, j, rule="global"):
 def _order(case, r, way):
     """The blocks rank r holds, hop by hop, passing ``way`` (+1 right, -1 left),
     those with a key it sees only."""
-    c = case.world_size
-    return [(r - way * t) % c for t in range(c) if _block(case, r, (r - way * t) % c)[2].any()]
+    (c, n), seen = (case.world_size, case.info["dims"][2]), mask(case, r)
+    return [j for j in ((r - way * t) % c for t in range(c)) if seen[:, j * n:(j + 1) * n].any()]
 
 
 def _blockwise(case, r, kind, way):
@@ -271,8 +296,7 @@ def _blockwise(case, r, kind, way):
             new = np.where(np.isfinite(new), new, 0.0)
             out = np.exp(lse - new)[..., None] * out + np.exp(lse_b - new)[..., None] * out_b
         return out
-    d = case.info["dims"][3]
-    q, n = case.inputs[r][0], case.info["dims"][2]
+    q, (n, d) = case.inputs[r][0], case.info["dims"][2:]
     m, acc, total = -np.inf, 0.0, 0.0
     for j in _order(case, r, way):
         allowed = mask(case, r)[:, j * n:(j + 1) * n]
@@ -311,78 +335,37 @@ def _swapped_origins(case, r, way):
 
 def mistakes(case):
     """[(name, per-rank outputs as fn(r), what it is, hint)], the most telling first."""
-    d = case.info["dims"][3]
-    ways = (("right", 1), ("left", -1))
-    found = [("sum", functools.partial(_blockwise, case, kind="sum", way=1),
-              "the blocks' outputs added up, each normalised over its own keys: blocks merged "
-              "without the log-sum-exp rescale", MERGE),
-             ("mean", functools.partial(_blockwise, case, kind="mean", way=1),
-              "the average of the blocks' outputs: equal weights, where each block weighs "
-              "exp(lse_b - lse), its share of the softmax (the log-sum-exp rescale)", MERGE)]
-    for side, way in ways:
-        found += [(f"no correction {side}", functools.partial(_blockwise, case,
-                                                               kind="no correction", way=way),
-                   "the running max went up without rescaling what was summed before: "
-                   "forgot the factor exp(m_old - m_new) on the accumulated output and "
-                   "denominator", MERGE),
-                  (f"lse kept {side}", functools.partial(_blockwise, case, kind="lse kept",
-                                                          way=way),
-                   "each merge used the first block's lse: lse was never updated to "
-                   "logaddexp(lse, lse_b) after a merge", MERGE),
-                  (f"last {side}", functools.partial(_blockwise, case, kind="last", way=way),
-                   "the last block's result only: each block's output replaced the one "
-                   "before instead of being merged into it", MERGE)]
+    merged = lambda kind, way: functools.partial(_blockwise, case, kind=kind, way=way)  # noqa: E731
+    masked = lambda rule: lambda r: _masked(case, r, mask(case, r, rule))  # noqa: E731
+    found = [(kind, merged(kind, 1), words, MERGE) for kind, words, both in MERGES if not both]
+    found += [(f"{kind} {side}", merged(kind, way), words, MERGE)
+              for side, way in (("right", 1), ("left", -1)) for kind, words, both in MERGES
+              if both]
     found.append(("own", lambda r: _block(case, r, r)[0],
                   "its own block's attention only: the blocks that arrived were not used",
                   "Attend your queries to every block you hold, hop by hop, and merge each."))
-    found += _mask_mistakes(case)
+    found += [(rule, masked(rule), words, hint) for rule, words, hint
+              in (CAUSAL_MASKS if case.info["causal"] else OPEN_MASKS)]
+    if case.info["causal"]:
+        # Passed right and counted left, or the other way: the same (held, counted)
+        # pairs, and the merge does not depend on the order.
+        found.append(("origins", functools.partial(_swapped_origins, case, way=1),
+                      "each block masked with the positions of the block coming the other way "
+                      "round the ring: its origin counted as rank + t where it is rank - t (or "
+                      "the other way), the blocks passed one way and counted the other", ORIGIN))
     found += [(f"without {o}", functools.partial(_without, case, o),
                f"rank {o}'s block left out: never received (fewer than c - 1 hops?) or "
                f"not attended to",
                "Make c - 1 hops, and attend to every block you hold (in the causal case "
                "every block from an earlier rank, and your own).")
               for o in range(case.world_size)]
-    found += [("no scale", lambda r: _masked(case, r, mask(case, r), scale=1.0),
-               "scores not scaled by 1/sqrt(head_dim)", "Scale q k^T by 1 / sqrt(head_dim)."),
-              ("scale 1/d", lambda r: _masked(case, r, mask(case, r), scale=1.0 / d),
-               "scores scaled by 1/head_dim, not 1/sqrt(head_dim)",
-               "Scale q k^T by 1 / sqrt(head_dim).")]
-    return found
+    d = case.info["dims"][3]
+    return found + [
+        ("no scale", lambda r: _masked(case, r, mask(case, r), scale=1.0),
+         "scores not scaled by 1/sqrt(head_dim)", SCALE),
+        ("scale 1/d", lambda r: _masked(case, r, mask(case, r), scale=1.0 / d),
+         "scores scaled by 1/head_dim, not 1/sqrt(head_dim)", SCALE)]
 
-
-def _mask_mistakes(case):
-    """The mask's mistakes, in the causal case; a mask where there is none otherwise."""
-    upto = lambda r: _masked(case, r, mask(case, r, "blocks"))    # noqa: E731
-    if not case.info["causal"]:
-        return [("mask", lambda r: _masked(case, r, mask(case, r, "causal")),
-                 "a causal mask applied, with causal=False",
-                 "Mask only when causal is true; otherwise every query sees every key."),
-                ("skipped", upto, "later ranks' blocks skipped, with causal=False",
-                 "Only the causal mask makes a later rank's block all future; without it "
-                 "every query sees every block.")]
-    return [("local", lambda r: _masked(case, r, mask(case, r, "local")),
-             "the causal mask applied with positions inside each block (key j <= query i, "
-             "local indices) instead of global positions", MASK),
-            ("local skipped", lambda r: _masked(case, r, mask(case, r, "local skipped")),
-             "later ranks' blocks rightly skipped, but the others masked with positions "
-             "inside each block (key j <= query i, local indices): the earlier ranks' blocks, "
-             "wholly in the past, lost their later keys", MASK),
-            ("future", lambda r: _masked(case, r, mask(case, r, "future")),
-             "later ranks' blocks were attended to: they are wholly in the future, only the "
-             "diagonal block is partly masked", MASK),
-            ("strict", lambda r: _masked(case, r, mask(case, r, "strict")),
-             "each query's own key was masked (key < query): a query sees keys at positions "
-             "<= its own", MASK),
-            ("no mask", lambda r: _masked(case, r, np.ones_like(mask(case, r))),
-             "no causal mask, with causal=True", MASK),
-            ("diagonal", upto, "the rank's own block attended to without the mask: its "
-             "queries saw the later keys of their own block", MASK),
-            # Passed right and counted left, or the other way: the same (held, counted)
-            # pairs, and the merge does not depend on the order.
-            ("origins", functools.partial(_swapped_origins, case, way=1),
-             "each block masked with the positions of the block coming the other way round "
-             "the ring: its origin counted as rank + t where it is rank - t (or the other "
-             "way), the blocks passed one way and counted the other", ORIGIN)]
 
 def wrong_output(case, r, outputs, want):
     """The Failure for rank r's wrong output, naming the mistake when it is a known one."""
@@ -408,9 +391,8 @@ def wrong_output(case, r, outputs, want):
     # The mistake that explains every rank's output, else the first that explains rank r's.
     every = [k for k in known if all(close(o, k[2](j)) for j, o in enumerate(outputs))]
     if known:
-        words, hint, _ = (every or known)[0]
+        words, fail.hint, _ = (every or known)[0]
         fail.what = f"rank {r}'s output is wrong ({where}): {words}{also}"
-        fail.hint = hint
         return fail
     rows = np.any(np.abs(out - want[r]) > TOLERANCE, axis=(0, 1, 3))
     fail.what = (f"rank {r}'s output is wrong, {where}; wrong at {int(rows.sum())} of its "
@@ -451,17 +433,14 @@ def alone(trace, case):
 def gathered(trace, case):
     """K/V in a library AllGather: every rank then holds the whole sequence."""
     e = next((e for e in trace if "allgather" in e.span.lower()), None)
-    if e is None:
-        return None
-    return Failure(case.label, "K/V travel one block per hop, never gathered",
-                   f"at step {e.step} rank {e.src} sent rank {e.dst} a message of "
-                   f"{e.span!r}: K/V gathered with an AllGather",
-                   expected="c - 1 hops, each rank passing on the one block it holds",
-                   got=e.describe(),
-                   hint="An AllGather leaves the whole sequence's K and V on every rank "
-                        "(all-gather context parallelism, as Llama 3 does it): that is not "
-                        "ring attention. Hold one foreign block at a time: attend to it, merge, "
-                        "pass it on.")
+    return None if e is None else Failure(
+        case.label, "K/V travel one block per hop, never gathered",
+        f"at step {e.step} rank {e.src} sent rank {e.dst} a message of "
+        f"{e.span!r}: K/V gathered with an AllGather",
+        expected="c - 1 hops, each rank passing on the one block it holds", got=e.describe(),
+        hint="An AllGather leaves the whole sequence's K and V on every rank (all-gather "
+             "context parallelism, as Llama 3 does it): that is not ring attention. Hold one "
+             "foreign block at a time: attend to it, merge, pass it on.")
 
 
 def index(case):
@@ -480,11 +459,12 @@ def _carried(case, e, payload, idx):
                             expected=f"rank o's k and/or v block ({size} values each), "
                                      f"unchanged, of a single rank o")
     queries = sorted(o for o, kind in found if kind == "q")
+    origins = sorted({o for o, _ in found})
+    unknown = payload.size - sum(found.values())
+    part = next(((b, n) for b, n in found.items() if n != size), None)
     if queries:
         return None, bad(f"{where} queries (rank {queries[0]}'s q)",
                          hint="In ring attention the queries stay home; K and V travel.")
-    origins = sorted({o for o, _ in found})
-    unknown = payload.size - sum(found.values())
     if not found or (unknown > 0 and size not in found.values()):
         return None, bad(f"{where} {payload.size} values of dtype {payload.dtype} that are no "
                          f"K/V block (partial outputs, scores, a converted copy?)",
@@ -495,7 +475,6 @@ def _carried(case, e, payload, idx):
                          f"message: a gather of the sequence, not one block per hop",
                          hint="Each hop passes on exactly the one block you hold: the one "
                               "you received in the hop before (your own in the first).")
-    part = next(((b, n) for b, n in found.items() if n != size), None)
     if part or unknown:
         what = (f"{part[1]} of the {size} values of rank {part[0][0]}'s {part[0][1]}" if part
                 else f"{unknown} values besides whole blocks")
@@ -516,13 +495,11 @@ def contents(result, case):
         arrived = []
         for e in result.trace.at_step(step):
             held, failure = _carried(case, e, np.asarray(result.payload(e)), idx)
+            failure = failure or next(filter(None, (_holds_and_lacks(case, e, o, kind, has, got)
+                                                    for o, kind in sorted(held))), None)
             if failure:
                 return failure
-            for o, kind in sorted(held):
-                failure = _holds_and_lacks(case, e, o, kind, has, got)
-                if failure:
-                    return failure
-                arrived.append((e.dst, (o, kind)))
+            arrived += [(e.dst, block) for block in sorted(held)]
         for r, block in arrived:
             has[r].add(block)
             got.setdefault((r, block), step)
@@ -572,11 +549,9 @@ def volume(trace, case):
 def memory(peaks, case):
     """Check 8: a rank's peak above its inputs, at most MEMORY_BLOCKS K/V blocks
     and SCORE_BLOCKS blocks of scores."""
-    if peaks is None:
-        return None
     size, c = block_bytes(case), case.world_size
     scores, bound = score_bytes(case), memory_bound(case)
-    for r, peak in enumerate(peaks):
+    for r, peak in enumerate(peaks or ()):
         if peak is None or peak < 0:
             return Failure(case.label, "memory: peak per rank, measured",
                            f"rank {r}'s memory could not be measured: the grader's "
