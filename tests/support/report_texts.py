@@ -14,9 +14,9 @@ expected, got, hint):
 A module's string constant given so (``hint=RECV_ANY``, ``"..." + RECV_ANY``, one
 imported from another grader module) counts by its value. An f-string's replacement
 fields become ``{}`` and its literal braces ``{{ }}``, as in the catalog; ``a if c
-else b`` gives both. Texts joined with another value (``tr.p.hint + " ..."``), or made
-elsewhere and passed in by a local name, are not found here: the grader tests' reports
-check those (tests/programs/reports.py).
+else b`` gives both, inside a ``+`` too. Texts joined with another value (``tr.p.hint +
+" ..."``), or made elsewhere and passed in by a local name, are not found here: the
+grader tests' reports check those (tests/programs/reports.py).
 """
 
 import ast
@@ -34,7 +34,7 @@ def is_text_param(name):
     return name in FIELDS or name in TEXT_PARAMS or name.endswith("hint")
 
 
-def template(node, constants=None, whole=True):
+def template(node, constants=None):
     """The catalog templates of a string expression (two for ``a if c else b``), or
     None if it is not made only of strings and the module's string ``constants``."""
     constants = constants or {}
@@ -45,12 +45,11 @@ def template(node, constants=None, whole=True):
                         for v in node.values)]
     if isinstance(node, ast.Name) and node.id in constants:
         return template(constants[node.id])
-    if isinstance(node, ast.IfExp) and whole:
+    if isinstance(node, ast.IfExp):
         found = [t for n in (node.body, node.orelse) for t in template(n, constants) or []]
         return found or None
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left = template(node.left, constants, whole=False)
-        right = template(node.right, constants, whole=False)
+        left, right = template(node.left, constants), template(node.right, constants)
         return None if left is None or right is None else [a + b for a in left for b in right]
     return None
 
