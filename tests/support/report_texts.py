@@ -99,6 +99,7 @@ def texts():
     trees = {path: ast.parse(path.read_text(encoding="utf-8"))
              for path in sorted(GRADING.rglob("*.py"))}
     functions = {path: _functions(tree) for path, tree in trees.items()}
+    module_constants = {path: _constants(tree) for path, tree in trees.items()}
     found = {}
 
     def add(node, where, constants):
@@ -109,9 +110,9 @@ def texts():
     for path, tree in trees.items():
         imports = _imports(path, tree)
         # Its own constants, and those it imports from another grader module.
-        constants = {alias: _constants(trees[m])[name] for alias, (m, name) in imports.items()
-                     if name is not None and m in trees and name in _constants(trees[m])}
-        constants.update(_constants(tree))
+        constants = {alias: module_constants[m][name] for alias, (m, name) in imports.items()
+                     if name is not None and name in module_constants.get(m, {})}
+        constants.update(module_constants[path])
 
         def signature(func):
             """The parameter names of the graders' function ``func`` calls, or None:
