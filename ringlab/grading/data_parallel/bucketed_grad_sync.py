@@ -114,7 +114,6 @@ def _train(comm, grads, cap, seconds, learner):
 
 
 def check(program, case, backend="sim"):
-    p, shapes = case.world_size, case.info["shapes"]
     run = functools.partial(_train, learner=program)
     kw = {"network": NETWORK} if backend == "sim" else {}
     result, failure = run_case(run, case, backend, **kw)

@@ -138,7 +138,7 @@ def cases(rng):
                                               "receive)"}[mode]
         label = (f"{kind}, p={p} ranks, m={m} microbatches of {rows} rows"
                  + (f", v={v} stages per rank" if v > 1 else "") + where
-                 + (f", AlphaBeta network" if network else ""))
+                 + (", AlphaBeta network" if network else ""))
         yield Case(p, inputs, label, args=(names,),
                    info=dict(p=p, m=m, v=v, mode=mode, network=network, grads=grads,
                              per_mb=per_mb, payloads=payloads, names=names, rows=rows,
@@ -421,7 +421,7 @@ def _messages(result, case):
                            hint="The grader reads every message: the data must travel in the "
                                 "messages; zeros or stand-ins sent for show, with the data shared "
                                 "some other way, do not pass.")
-        (what, s, mb), (frm, to) = match, _ends(match)
+        (what, _, mb), (frm, to) = match, _ends(match)
         if e.dst != stage_rank(to, p) or e.src != stage_rank(frm, p):
             return Failure(case.label, ONCE,
                            f"rank {e.src} sent the {what} of microbatch {mb} from stage {frm} to "
