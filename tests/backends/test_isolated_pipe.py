@@ -31,6 +31,15 @@ def test_values_and_their_arrays_come_back_equal_and_writable():
     assert (text, none, three) == ("a\nb", None, 3)
 
 
+def test_arrays_of_either_byte_order_arrive_as_they_were_sent():
+    """A program's ">f8" array is a ">f8" array in one process: so it is on the pipe."""
+    for dtype in (">f8", "<f8", ">i4", ">c16", "|b1"):
+        a = np.arange(5).astype(dtype)
+        got = through(a)
+        assert type(got) is np.ndarray and got.dtype == np.dtype(dtype), dtype
+        assert np.array_equal(got, a)
+
+
 def raw(*frames):
     a, b = Pipe()
     a.send_bytes(b"".join(frames))

@@ -23,10 +23,11 @@ import json
 import numpy as np
 
 # Plain numbers only: no object arrays (they hold Python objects) and no
-# structured dtypes. Little-endian, as every machine this runs on.
-DTYPES = frozenset(np.dtype(t).str for t in (
+# structured dtypes. Either byte order: a program's ">f8" array arrives as
+# ">f8", as it does in one process.
+DTYPES = frozenset(np.dtype(t).newbyteorder(order).str for t in (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128"))
+    "float16", "float32", "float64", "complex64", "complex128") for order in "<>")
 MAX_DEPTH = 8                  # lists in lists: enough for any exercise, bounded for safety
 MAX_BYTES = 256 * 2**20        # one message on the pipe: a value, its arrays included
 

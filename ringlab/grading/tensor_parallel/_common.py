@@ -373,9 +373,13 @@ def _wire(result, case):
         if isinstance(pay, np.ndarray) and pay.dtype != np.float64:
             return Failure(case.label, "messages carry float64",
                            f"{who(case, e.src)} sent {who(case, e.dst)} a {pay.dtype} message "
-                           f"({pay.size} elements): it rounds the values on the way"
-                           + (f", to about {np.finfo(pay.dtype).eps:.0e} of their size"
-                              if pay.dtype.kind == "f" else ""),
+                           f"({pay.size} elements): "
+                           # float64 bytes in the other byte order: exact, but not the inputs'
+                           + ("float64 in the other byte order, not the inputs' native one"
+                              if pay.dtype.kind == "f" and pay.dtype.itemsize == 8 else
+                              "it rounds the values on the way"
+                              + (f", to about {np.finfo(pay.dtype).eps:.0e} of their size"
+                                 if pay.dtype.kind == "f" else "")),
                            expected="float64 messages, like the layer's inputs",
                            got=f"dtype {pay.dtype}", hint="All-reduce the float64 arrays as they "
                            "are: no astype on the way (the grader compares to 1e-10).")

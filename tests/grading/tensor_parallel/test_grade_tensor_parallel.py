@@ -291,6 +291,9 @@ MLP_WRONG = [
     (mlp(approximate="none"), "y equals", ["exact (erf) GeLU"]),
     (mlp(lambda c, a: flat_ring(c, np.asarray(a, dtype=np.float32)).astype(np.float64)),
      "messages carry float64", ["rank 0 sent rank 1 a float32 message", "no astype"]),
+    # exact values, but bytes no real backend sends: told so, not "rounds the values"
+    (mlp(lambda c, a: flat_ring(c, np.asarray(a, dtype=">f8")).astype(np.float64)),
+     "messages carry float64", ["a >f8 message", "float64 in the other byte order"]),
     # a wrong local derivative before a right AllReduce: not told to AllReduce (f)
     (mlp(bad_derivative=True), "dx equals", [
         "the AllReduce is right (every rank ends with the same dx, and your backward moved "
@@ -476,6 +479,14 @@ def test_grades_isolated_right_and_wrong():
     cheat = grade_cases("megatron_mlp", module,
                         Submission(cloudpickle.dumps(mlp(zeros_for_show)), "m"), seed=1, runner=run)
     assert not cheat.passed, cheat
+    # A big-endian float64 message: the same first reason as in one process.
+    swapped = mlp(lambda c, a: flat_ring(c, np.asarray(a, dtype=">f8")).astype(np.float64))
+    apart = grade_cases("megatron_mlp", module, Submission(cloudpickle.dumps(swapped), "m"),
+                        seed=1, runner=run)
+    here = ringlab.grade("megatron_mlp", swapped, seed=1, log=False)
+    assert not apart.passed and not here.passed
+    assert apart.failure.check == here.failure.check == "messages carry float64"
+    assert "the other byte order" in str(apart) and "the other byte order" in str(here), apart
 
 
 def test_the_reference_layers_fail_isolated_grading():
