@@ -12,7 +12,8 @@ hint; ``NO_COMM`` (why a pass needs no message) only where a pass sends none,
 ``ERROR_HINT`` only where a case requires an error.
 
 The checks, in order, on every case (t = 1 to 4, b and s not multiples of t,
-the tp groups of 2x2 and 2x3 meshes):
+the tp groups of a 2x2 mesh (dp x tp) and of a 3x2 one (tp x dp), whose tp
+groups' ranks are strided):
 
 1. it runs: no exception, deadlock or unreceived message;
 2. forward returns ``(y, backward)`` and backward ``(dx, grads)`` with every
@@ -101,28 +102,46 @@ class Expected:
 
 def make_cases(rng, layer, shapes):
     """Cases for ``layer`` (a grader module): ``shapes`` is a list of
-    (t, mesh, dims), mesh None (the world is the tp group) or (dp, t): the tp
-    groups of a DeviceMesh, each with its own data (its rank numbers are then
+    (t, mesh, dims), mesh None (the world is the tp group) or (shape, names): the
+    tp groups of a DeviceMesh, each with its own data (its rank numbers are then
     group-local). Every rank gets its own copies of the arrays."""
     # Last, the first shape again with, on each rank, the weights outside its own block
     # replaced by noise: a program that computes the whole layer on every rank (all the
     # weights are there) and all-reduces only for show gives wrong values there.
     for i, (t, mesh, dims) in enumerate([*shapes, shapes[0]]):
-        dp = 1 if mesh is None else mesh[0]
+        members = tp_groups(t, mesh)
         unsharded = layer.MODULE(dims[2], dims[3], rng).named_parameters()
         weights = tuple(unsharded[n] for n in layer.GRADS)
-        groups = [layer.group(weights, rng, dims, t) for _ in range(dp)]
-        inputs = [copy.deepcopy(g.inputs[r]) for g in groups for r in range(t)]
-        where = "the world" if mesh is None else f"the tp groups of a {dp}x{t} DeviceMesh (dp x tp)"
+        groups = [layer.group(weights, rng, dims, t) for _ in members]
+        place = {g: (d, r) for d, ranks in enumerate(members) for r, g in enumerate(ranks)}
+        inputs = [copy.deepcopy(groups[d].inputs[r]) for d, r in map(place.get, sorted(place))]
+        where = ("the world" if mesh is None else
+                 f"the tp groups of a {mesh[0][0]}x{mesh[0][1]} DeviceMesh "
+                 f"({mesh[1][0]} x {mesh[1][1]})")
         label = f"t={t} ({where}), {layer.describe(dims)}"
         if i == len(shapes):
             for g, inp in enumerate(inputs):
-                _noise_outside(layer, inp[0], layer.mine(dims, t, g % t), rng)
+                _noise_outside(layer, inp[0], layer.mine(dims, t, place[g][1]), rng)
             label += ("; on rank r, the weights outside block r are noise: "
                       "rank r may use only its own block")
-        yield Case(dp * t, inputs, label,
-                   args=(None if mesh is None else tuple(mesh), tuple(layer.GRADS)),
-                   info=dict(t=t, mesh=mesh, groups=groups, dims=dims))
+        yield Case(len(inputs), inputs, label, args=(mesh, tuple(layer.GRADS)),
+                   info=dict(t=t, mesh=mesh, groups=groups, dims=dims, members=members,
+                             place=place))
+
+
+def tp_groups(t, mesh):
+    """The global ranks of each tp group, in group-rank order, as ``DeviceMesh``
+    makes them (row-major; ``tp[k]``, k counting the other axis' positions):
+
+        >>> tp_groups(2, ((2, 2), ("dp", "tp"))), tp_groups(3, ((3, 2), ("tp", "dp")))
+        ([[0, 1], [2, 3]], [[0, 2, 4], [1, 3, 5]])
+    """
+    if mesh is None:
+        return [list(range(t))]
+    (rows, cols), names = mesh
+    if names.index("tp") == 1:       # tp along a row: contiguous ranks
+        return [[d * cols + r for r in range(cols)] for d in range(rows)]
+    return [[r * cols + d for r in range(rows)] for d in range(cols)]   # along a column
 
 
 def _noise_outside(layer, args, mine, rng):
@@ -165,7 +184,7 @@ def drive(comm, inp, mesh, grad_names, learner, raises=None):
     learns which ranks raised it, not only the first."""
     from ...mesh import DeviceMesh
     learner = callable_learner(learner)
-    tp = comm if mesh is None else DeviceMesh(comm, mesh, ("dp", "tp")).group("tp")
+    tp = comm if mesh is None else DeviceMesh(comm, *mesh).group("tp")
     args, dy = inp
     try:
         with comm.span(FORWARD):
@@ -279,12 +298,13 @@ def _raised_everywhere(result, failure, case, want, layer):
 
 
 def who(case, g):
-    t, mesh = case.info["t"], case.info["mesh"]
-    return f"rank {g}" if mesh is None else f"rank {g} (rank {g % t} of its tp group, tp[{g // t}])"
+    if case.info["mesh"] is None:
+        return f"rank {g}"
+    d, r = case.info["place"][g]
+    return f"rank {g} (rank {r} of its tp group, tp[{d}])"
 
 
 def _returned(result, case, layer):
-    t = case.info["t"]
     for g, out in enumerate(result.outputs):
         if not (isinstance(out, (list, tuple)) and out and isinstance(out[0], np.ndarray)):
             return Failure(case.label, "returns (y, backward); backward returns (dx, grads)",
@@ -296,7 +316,8 @@ def _returned(result, case, layer):
             return Failure(case.label, "returns (y, backward); backward returns (dx, grads)",
                            f"{who(case, g)}: {text}", expected=layer.RETURNS,
                            hint="Follow the signature in the exercise's first cell.")
-        for (key, w), v in zip(case.info["groups"][g // t].outputs[g % t].items(), out[1:]):
+        d, r = case.info["place"][g]
+        for (key, w), v in zip(case.info["groups"][d].outputs[r].items(), out[1:]):
             failure = plain_array(case, f"{who(case, g)}'s {_name(key)}", v,
                                   f"an array of shape {w.shape}")
             if failure or v.shape != w.shape:
@@ -326,7 +347,7 @@ def _values(result, case, layer):
     t = case.info["t"]
     for i, key in enumerate(case.info["groups"][0].outputs[0]):
         for g, out in enumerate(result.outputs):
-            d, r = divmod(g, t)
+            d, r = case.info["place"][g]
             ex = case.info["groups"][d]
             got, want = out[1 + i], ex.outputs[r][key]
             if close(got, want):
@@ -407,7 +428,7 @@ class _Traffic:
     def __init__(self, result, case, d, name):
         self.result, self.case, self.d, self.name = result, case, d, name
         self.t = case.info["t"]
-        self.members = range(d * self.t, (d + 1) * self.t)
+        self.members = case.info["members"][d]      # global ranks, in group-rank order
         self.p = case.info["groups"][d].passes[name]
         self.events = [e for e in result.trace if e.src in self.members and _pass_of(e) == name]
         self.got_bytes = sum(e.nbytes for e in self.events)
@@ -550,11 +571,18 @@ def _group(tr):
                            f"{who(tr.case, e.src)} sent {who(tr.case, e.dst)} a message in group "
                            f"{e.group or 'the world'}",
                            expected=f"every message of the layer in comm, the tp group "
-                                    f"({label}: ranks {tr.members[0]}-{tr.members[-1]})",
+                                    f"({label}: ranks {_rank_list(tr.members)})",
                            got=e.describe(),
                            hint="Use only the comm you are given: it is the tensor-parallel group "
                                 "(ranks are numbered 0..t-1 in it).")
     return None
+
+
+def _rank_list(members):
+    """"0-2" for contiguous ranks, "0, 2, 4" for strided ones."""
+    if members == list(range(members[0], members[-1] + 1)):
+        return f"{members[0]}-{members[-1]}"
+    return ", ".join(map(str, members))
 
 
 def _pass(tr, layer):
@@ -573,7 +601,7 @@ def _pass(tr, layer):
         if failure:
             return failure
         for _, members, i in read:
-            heard[e.dst - tr.members[0], list(members), i] = True
+            heard[tr.members.index(e.dst), list(members), i] = True
     return _volume(tr) or _heard_all(tr, heard)
 
 
@@ -675,7 +703,7 @@ def _heard_all(tr, heard):
         if missing.size:
             q, i = missing[0]
             return tr.fail(
-                f"{who(tr.case, tr.members[0] + r)} returns the sum, but no message it received "
+                f"{who(tr.case, tr.members[r])} returns the sum, but no message it received "
                 f"holds rank {q}'s part of element {i} of {tr.p.operand}: the sum did not come "
                 f"through the messages",
                 expected="every rank receives, in partial sums, every other rank's part of "
@@ -705,8 +733,11 @@ def _not_operand(tr, e, pay, held):
 # For every layer, ring_allreduce is a tool; ringlab.tensor_parallel (the reference answers) is
 # not. Every rank's result needs every rank's data (the causality check: see kit/causality.py).
 USES, DEPENDS_ON_ALL = ("collectives",), True
-# Every layer is graded on the same groups: t = 1 to 4, and the tp groups of 2x2 and 2x3 meshes.
-GROUPS = [(2, None), (1, None), (3, None), (4, None), (2, (2, 2)), (3, (2, 3)), (4, None)]
+# Every layer is graded on the same groups: t = 1 to 4, and the tp groups of a 2x2 mesh
+# (contiguous, as Megatron lays them out) and of a 3x2 one with tp first (strided), where a
+# program that takes its tp rank from the global rank (global_rank % t) gets it wrong.
+GROUPS = [(2, None), (1, None), (3, None), (4, None), (2, ((2, 2), ("dp", "tp"))),
+          (3, ((3, 2), ("tp", "dp"))), (4, None)]
 
 
 def on_groups(dims):

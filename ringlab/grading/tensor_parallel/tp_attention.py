@@ -25,7 +25,7 @@ NAME = "tp_attention"
 GRADS = ("qkv.weight", "qkv.bias", "proj.weight", "proj.bias")
 MODULE = CausalSelfAttention
 # (b, s, h, n_heads) for each of the groups every layer is graded on; and, before the
-# 2x3 mesh, t=3 with 4 heads: the ValueError case
+# 3x2 mesh, t=3 with 4 heads: the ValueError case
 CASES = common.on_groups([(3, 5, 8, 4), (2, 3, 4, 2), (2, 5, 6, 3), (3, 4, 8, 4),
                           (3, 3, 8, 4), (2, 4, 12, 6), (5, 3, 16, 8)])
 CASES.insert(5, (3, None, (2, 3, 8, 4)))

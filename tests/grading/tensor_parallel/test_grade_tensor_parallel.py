@@ -103,9 +103,11 @@ def rows2(a):
 
 
 def column(ar=flat_ring, *, fwd=None, twice=False, strided=False, gather_dy=False, boom=False,
-           hang=False):
+           hang=False, global_rank=False):
     def column_parallel_linear(comm, x, weight, bias):
         t, r = comm.world_size, comm.rank
+        if global_rank:     # right only where the tp groups are contiguous ranks
+            r = comm.global_rank % t
         n = weight.shape[1] // t
         cols = np.arange(r, weight.shape[1], t) if strided else np.arange(r * n, (r + 1) * n)
         W, b = weight[:, cols], bias[cols]
@@ -160,6 +162,10 @@ COLUMN_WRONG = [
     (column(fwd=lambda comm, x: flat_ring(comm, x) / comm.world_size), "forward communication",
      ["forward needs none"]),
     (column(strided=True), "y equals", ["every t-th column (r::t)"]),
+    # its tp rank from the global rank: right on contiguous groups, wrong on strided ones
+    (column(global_rank=True), "y equals", ["3x2 DeviceMesh (tp x dp)",
+                                            "rank 1 (rank 0 of its tp group, tp[1])",
+                                            "it is rank 1's block, not this rank's"]),
     (column(gather_dy=True), "backward communication", ["your columns of dY", "AllGather of dY"]),
     (column(zeros_for_show), "backward communication", ["zeros", "do not pass"]),
     (column(boom=True), "runs without error", ["KeyError"]),
@@ -443,7 +449,8 @@ def test_stub_is_not_implemented_and_cases_cover_the_brief(exercise):
     module = importlib.import_module(f"ringlab.grading.{ringlab.grading.GRADERS[exercise]}")
     cases = list(module.cases(np.random.default_rng(0)))
     assert {c.info["t"] for c in cases} == {1, 2, 3, 4}
-    assert {c.info["mesh"] for c in cases} >= {None, (2, 2), (2, 3)}
+    assert {c.info["mesh"] for c in cases} >= {None, ((2, 2), ("dp", "tp")),
+                                             ((3, 2), ("tp", "dp"))}
     dims = [c.info["dims"] for c in cases]
     assert any(d[0] % c.info["t"] and d[1] % c.info["t"] for d, c in zip(dims, cases))
 
