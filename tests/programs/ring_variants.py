@@ -209,3 +209,29 @@ def gathers_into_a_list_one_step_short(comm, x):
         c = (r - k) % n
         done[c] = comm.sendrecv(done[(r + 1 - k) % n], (r + 1) % n, (r - 1) % n)
     return np.concatenate(done)
+
+
+def ceil_chunks(comm, x):
+    """Right: chunks of ceil(L/N) elements, the last ones shorter or empty (not array_split's)."""
+    def ceil_split(out, n):
+        size = -(-len(out) // n)
+        return [out[c * size:(c + 1) * size] for c in range(n)]
+    return _sendrecv_ring(comm, x, chunks_of=ceil_split)
+
+
+def ring_on_zeros(comm, x):
+    """Runs the ring on a zero buffer (x never copied in): every result is 0."""
+    return _sendrecv_ring(comm, np.zeros_like(x))
+
+
+def skips_a_neighbour(comm, x):
+    """The right ring's indices, but it sends to rank + 2 and receives from rank - 2."""
+    n, r = comm.world_size, comm.rank
+    out = x.copy()
+    chunks = np.array_split(out, n)
+    for k in range(n - 1):
+        chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], (r + 2) % n, (r - 2) % n)
+    for k in range(n - 1):
+        chunks[(r - k) % n][...] = comm.sendrecv(chunks[(r + 1 - k) % n], (r + 2) % n,
+                                                 (r - 2) % n)
+    return out

@@ -37,6 +37,7 @@ from ..kit.running import check_outputs_shape, run_case
 NAME = "ring_allgather"
 # Every rank's result needs every rank's data (the causality check: see kit/causality.py).
 DEPENDS_ON_ALL = True
+HUB = "a gather to one rank and a broadcast from it (its link carries N-1 whole results)"
 LOOP = ("Count your loop first: it must run world_size - 1 times, one block per step; with fewer "
         "steps some blocks never arrive.")
 
@@ -65,16 +66,15 @@ def check(program, case, backend="sim"):
     want = np.concatenate(case.inputs)
     for r, out in enumerate(result.outputs):
         if not np.array_equal(out, want):
-            return _wrong_result(case, result, r, out)
+            return (checks.off_ring(result.trace, case, "ring AllGather", HUB, r)
+                    or _wrong_result(case, result, r, out))
     return check_allgather_trace(result.trace, case, length) or (length and carries_blocks(result, case)) or None
 
 
 def check_allgather_trace(trace, case, length):
     """Checks 3-6 on the trace of a ring AllGather of blocks of ``length`` float64 elements."""
     n = case.world_size
-    failure = checks.ring_neighbours(
-        trace, case, "ring AllGather",
-        "a gather to one rank and a broadcast from it (its link carries N-1 whole results)")
+    failure = checks.ring_neighbours(trace, case, "ring AllGather", HUB)
     if failure or length == 0:
         return failure
     block = length * 8

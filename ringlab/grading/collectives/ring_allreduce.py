@@ -48,6 +48,7 @@ DEPENDS_ON_ALL = True
 
 
 cases = reductions.ring_cases
+CENTRAL = "a central reduction through one rank (its link carries 2(N-1) whole vectors)"
 
 
 def check(program, case, backend="sim"):
@@ -76,7 +77,8 @@ def _check(program, case, result, failure):
     everyone = range(n)
     for r, out in enumerate(result.outputs):
         if not sums.holds(out, case.inputs, everyone):
-            return _wrong_sum(program, case, r, out, result)
+            return (checks.off_ring(result.trace, case, "ring AllReduce", CENTRAL, r)
+                    or _wrong_sum(program, case, r, out, result))
     return (check_ring_trace(result.trace, case, length)
             or (length >= n and reductions.ring_partial_sums(result, case, length, "ring AllReduce")) or None)
 
@@ -84,9 +86,7 @@ def _check(program, case, result, failure):
 def check_ring_trace(trace, case, length):
     """Checks 3-6 on the trace of a ring AllReduce of ``length`` float64 elements."""
     n = case.world_size
-    failure = checks.ring_neighbours(
-        trace, case, "ring AllReduce",
-        "a central reduction through one rank (its link carries 2(N-1) whole vectors)")
+    failure = checks.ring_neighbours(trace, case, "ring AllReduce", CENTRAL)
     if failure or length < n:
         return failure
     want = 2 * (n - 1)

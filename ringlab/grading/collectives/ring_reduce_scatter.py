@@ -41,6 +41,7 @@ NAME = "ring_reduce_scatter"
 DEPENDS_ON_ALL = True
 # The same worlds and vectors as ring_allreduce's grader (a reduce-scatter is its first half).
 cases = ring_cases
+CENTRAL = "a central reduction through one rank (its link carries N-1 whole vectors)"
 
 
 def check(program, case, backend="sim"):
@@ -58,16 +59,15 @@ def check(program, case, backend="sim"):
     mine = chunk_slices(length, n)
     for r, out in enumerate(result.outputs):
         if not sums.holds(out, case.inputs, range(n), mine[r]):
-            return _wrong_sum(program, case, r, out, want[r], result)
+            return (checks.off_ring(result.trace, case, "ring ReduceScatter", CENTRAL, r)
+                    or _wrong_sum(program, case, r, out, want[r], result))
     return _check_trace(result, case, length)
 
 
 def _check_trace(result, case, length):
     """Checks 3-7."""
     n = case.world_size
-    failure = checks.ring_neighbours(
-        result.trace, case, "ring ReduceScatter",
-        "a central reduction through one rank (its link carries N-1 whole vectors)")
+    failure = checks.ring_neighbours(result.trace, case, "ring ReduceScatter", CENTRAL)
     if failure or length < n:
         return failure
     trace = result.trace

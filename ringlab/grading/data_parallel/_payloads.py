@@ -11,7 +11,7 @@ knows each rank's vector (its weighted gradient), so it can check that.
 
 import numpy as np
 
-from ..kit.reductions import ring_members
+from ..kit.reductions import any_chunk, ring_members
 from ..kit.report import Failure, numbers
 
 
@@ -24,24 +24,26 @@ def messages_by_rank(trace, world_size, stream):
     return out
 
 
-def _is_partial_sum(payload, vectors, members, scales):
-    """``payload`` equals ``s * sum(vectors[m][chunk])`` for some chunk and scale s."""
+def _partial_sum(payload, vectors, members, scales):
+    """The slice ``chunk`` for which ``payload`` equals ``s * sum(vectors[m][chunk])``
+    for a scale s: a chunk of np.array_split first, else any contiguous one (a ring
+    of the program's own may cut otherwise); None if there is none."""
     if not (isinstance(payload, np.ndarray) and type(payload) is np.ndarray
             and payload.dtype == np.float64 and payload.ndim == 1):
-        return False
-    n = len(vectors)
-    for chunk in np.array_split(np.arange(len(vectors[0])), n):
-        if len(chunk) != payload.size:
-            continue
+        return None
+
+    def holds(chunk):
         parts = np.array([vectors[m][chunk] for m in members])
         total = parts.sum(axis=0)
         # The learner computes its gradient in its own order: allow rounding,
         # relative to the size of the numbers added (cancellation included).
         tol = 1e-7 * np.abs(parts).sum(axis=0) + 1e-12 * (np.abs(parts).max(initial=0) + 1e-300)
-        for s in scales:
-            if np.all(np.abs(payload - s * total) <= s * tol):
-                return True
-    return False
+        return any(np.all(np.abs(payload - s * total) <= s * tol) for s in scales)
+    length = len(vectors[0])
+    bounds = np.cumsum([0] + [len(c) for c in np.array_split(np.arange(length), len(vectors))])
+    split = (slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]))
+    return (next((c for c in split if c.stop - c.start == payload.size and holds(c)), None)
+            or any_chunk(holds, length, payload.size))
 
 
 def check_allreduces(result, case, per_rank, operands, scales, what, hint):
@@ -60,7 +62,9 @@ def check_allreduces(result, case, per_rank, operands, scales, what, hint):
                 break
             members = ring_members(e, n, i + 1) if i < n - 1 else list(range(n))
             p = result.payload(e)
-            if any(_is_partial_sum(p, alt, members, scales) for alt in operands[call]):
+            # (Gradients here are whole numbers, so chunks can repeat each other's values:
+            # a message is read as some chunk, not as a particular one.)
+            if any(_partial_sum(p, alt, members, scales) is not None for alt in operands[call]):
                 continue
             phase = "reduce-scatter" if i < n - 1 else "all-gather"
             return Failure(

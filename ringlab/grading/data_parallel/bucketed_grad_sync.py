@@ -184,6 +184,27 @@ def _backward_ran(trace, case):
                            hint="Loop over the backward iterator to its end (for ready in "
                                 "backward: ...): each next(backward) computes one layer's "
                                 "gradients; a gradient is real only once it has run.")
+        # Exactly the hidden backward's events: backward events the program wrote itself
+        # (a layer's time moved to another, so that buckets look ready early) are not it.
+        seconds = case.info["seconds"]
+        hidden = [(i, seconds[i]) for i in reversed(range(layers))]
+        got = [(c.get("layer"), c.end - c.start) for c in trace.computes
+               if c.rank == r and c.label == "backward" and not c.stream]
+        bad = next((k for k, (g, h) in enumerate(zip(got, hidden))
+                    if g[0] != h[0] or abs(g[1] - h[1]) > 1e-9 * h[1]), len(hidden))
+        if len(got) != layers or bad < layers:
+            what = (f"rank {r} has {len(got)} backward compute events for {layers} layers"
+                    if bad == layers else
+                    f"rank {r}'s backward event {bad} is layer {got[bad][0]}, "
+                    f"{got[bad][1] * 1e3:.6g} ms; the hidden backward's is layer "
+                    f"{hidden[bad][0]}, {hidden[bad][1] * 1e3:.6g} ms")
+            return Failure(case.label, "backward runs, every layer",
+                           what + ": the program wrote backward events of its own",
+                           expected=f"the hidden backward's {layers} events, layer "
+                                    f"{layers - 1} first, each as long as its layer's backward",
+                           got=f"{len(got)} events",
+                           hint="Only next(backward) runs a layer's backward: do not call "
+                                "comm.compute(..., \"backward\") yourself.")
     return None
 
 
@@ -210,12 +231,35 @@ def _values(result, case):
                 fail.what += ": it is averaged twice (divided by P twice)"
                 fail.hint = ("Divide by the world size once: before the AllReduce or after, "
                              "not both.")
-            elif np.any(got == 0) and not np.all(mean[name] == 0):
+            elif (misplaced := _unpacked_from(got, name, mean, case)) is not None:
+                fail.what += (f": its values are elements {misplaced[0]}..{misplaced[1]} of its "
+                              f"bucket's averaged vector, where {name!r} is elements "
+                              f"{misplaced[2]}..{misplaced[3]}: unpacked from the wrong place")
+                fail.hint = ("Unpack each bucket in the order you packed it, advancing the "
+                             "offset by each tensor's size.")
+            elif (np.any((got == 0) & (mean[name] != 0))
+                  and np.all((got == 0) | (got == mean[name]))):
                 fail.what += (": some entries are 0, as if the bucket was sent before its "
                               "gradient was in it")
                 fail.hint = ("Start a bucket's AllReduce only when its last gradient has been "
                              "copied in: the AllReduce sends what the buffer holds then.")
             return fail
+    return None
+
+
+def _unpacked_from(got, name, mean, case):
+    """(first, last, own first, own last) when ``got`` is a run of elements of its
+    bucket's averaged vector (packed in bucket or in forward order) other than its
+    own: an unpacking bug. None otherwise."""
+    params = list(case.info["params"])
+    bucket = next(b for b in case.info["buckets"] if name in b)
+    k = got.size
+    for layout in (bucket, sorted(bucket, key=params.index)):
+        flat = np.concatenate([mean[n].ravel() for n in layout])
+        own = sum(mean[n].size for n in layout[:layout.index(name)])
+        for o in range(flat.size - k + 1):
+            if o != own and np.array_equal(flat[o:o + k], got.ravel()):
+                return o, o + k - 1, own, own + k - 1
     return None
 
 

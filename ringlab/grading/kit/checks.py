@@ -47,6 +47,15 @@ def ring_neighbours(trace, case, algorithm, hub_text, hint=None):
     return None
 
 
+def off_ring(trace, case, algorithm, hub_text, rank):
+    """A wrong result of a program whose messages also leave the ring: the
+    messages are the cause, so their failure comes first (None if none leaves)."""
+    failure = ring_neighbours(trace, case, algorithm, hub_text)
+    if failure is not None:
+        failure.what += f"\nSo rank {rank}'s result is wrong too."
+    return failure
+
+
 def hub(trace, n):
     """The lowest rank that is an end (sender or receiver) of every message, or
     None. A program with such a rank routes everything through it."""
@@ -87,6 +96,13 @@ def exact_steps(trace, case, want, *, check, expected, hint):
     """The trace takes exactly ``want`` steps. ``hint`` is not shown for a trace
     without messages (nothing to loop over)."""
     if trace.steps != want:
+        sent = [sum(e.src == r for e in trace) for r in range(case.world_size)]
+        if trace.steps > want and sent == [want] * case.world_size:
+            # The loop count is right; the steps are not: sends wait for receives.
+            hint = (f"Your loop is right ({want} messages from every rank), but in some steps a "
+                    f"rank receives before it sends (ranks taking turns, a recv before the "
+                    f"send), so each round takes two steps. In a ring step every rank sends "
+                    f"and receives at once: comm.sendrecv, or isend, then recv, then wait.")
         return Failure(case.label, check, f"the program took {steps(trace.steps)}",
                        expected=expected, got=steps(trace.steps),
                        hint=hint if trace.steps != 0 else None)

@@ -12,6 +12,8 @@ import numpy as np
 
 from .running import active_runner
 
+ZEROS_HINT = ("Start from a copy of your own x (np.array(x, copy=True)), not from np.zeros: "
+              "a buffer of zeros holds no rank's contribution.")
 BASE = 16
 MAX_WORLD = 8
 
@@ -74,8 +76,10 @@ def describe(coeffs, expected):
 
 
 def holders(coeffs):
-    """'ranks 0, 1 and 3' for the ranks with a non-zero coefficient."""
-    return _ranks([r for r, c in enumerate(coeffs) if c], possessive=False)
+    """'ranks 0, 1 and 3' for the ranks with a non-zero coefficient; 'no rank' for
+    none (a zero: an array that was never filled)."""
+    ranks = [r for r, c in enumerate(coeffs) if c]
+    return _ranks(ranks, possessive=False) if ranks else "no rank (the value is 0)"
 
 
 def _ranks(rs, possessive=True):
@@ -98,7 +102,7 @@ def garbled(event, decoded, wrong_slot_hint):
         return f"step {e.step}: rank {e.src} sent rank {e.dst} values that are not sums of inputs", None
     if any(not any(d[0]) for d in decoded):     # no probe input is zero, nor any sum of them
         return (f"step {e.step}: rank {e.src} sent rank {e.dst} zeros, which hold no rank's "
-                f"contribution (an array that was never filled?)"), None
+                f"contribution (an array that was never filled?)"), ZEROS_HINT
     positions = [d[1] for d in decoded]
     if None in positions or positions != list(range(positions[0], positions[0] + len(positions))):
         return (f"step {e.step}: rank {e.src} sent rank {e.dst} a chunk that mixes elements from "

@@ -38,6 +38,28 @@ def chunk_slices(length, n):
     return [slice(int(bounds[c]), int(bounds[c + 1])) for c in range(n)]
 
 
+def any_chunk(holds, length, size):
+    """The slice ``[o, o + size)`` of a vector of ``length`` for which ``holds(slice)``
+    is true, or None: a ring may cut its chunks otherwise than np.array_split (e.g.
+    ceil(L/N) elements each, the last shorter), and is right if it cuts consistently
+    (``tiles`` checks that). With random float data at most one offset matches."""
+    return next((slice(o, o + size) for o in range(length - size + 1)
+                 if holds(slice(o, o + size))), None)
+
+
+def tiles(slices, length):
+    """None if the non-empty ``slices`` cut range(length) into pieces, each element in
+    exactly one; else what is wrong, in words."""
+    covered = np.zeros(length, dtype=int)
+    for sl in slices:
+        covered[sl] += 1
+    if np.all(covered == 1):
+        return None
+    twice, never = np.flatnonzero(covered > 1), np.flatnonzero(covered == 0)
+    return (f"element {twice[0]} is in {covered[twice[0]]} of them" if twice.size else
+            f"element {never[0]} is in none of them")
+
+
 def ring_members(e, n, count):
     """The ``count`` ranks whose contributions ring message ``e`` has collected: its
     sender and the ranks before it on the side the message comes from."""
@@ -98,6 +120,7 @@ def ring_partial_sums(result, case, length, name):
         return None
     n, inputs = case.world_size, case.inputs
     chunks = chunk_slices(length, n)
+    cut = {}        # step -> the slices its messages carry
     for e in result.trace:
         p = result.payload(e)
         if e.step < n:
@@ -108,7 +131,11 @@ def ring_partial_sums(result, case, length, name):
         else:
             members = list(range(n))
             want = f"at step {e.step} (all-gather) a {name} message holds a complete chunk: all {n} contributions"
-        if any(sums.holds(p, inputs, members, ch) for ch in chunks):
+        where = next((ch for ch in chunks if sums.holds(p, inputs, members, ch)), None)
+        if where is None and isinstance(p, np.ndarray) and p.ndim == 1:
+            where = any_chunk(lambda sl: sums.holds(p, inputs, members, sl), length, p.size)
+        if where is not None:
+            cut.setdefault(e.step, []).append((e, where))
             continue
         if not isinstance(p, np.ndarray) or p.dtype != np.float64 or p.ndim != 1:
             held = f"an array of shape {p.shape} and dtype {p.dtype}"
@@ -124,4 +151,19 @@ def ring_partial_sums(result, case, length, name):
                        hint="Send your chunk as it is after adding what you received: the real partial sum, "
                             "unchanged, as float64. The grader reads every message; data packed, transformed "
                             "or left out on the way do not pass.")
+    for step, sent in sorted(cut.items()):
+        wrong = tiles([sl for _, sl in sent], length)
+        if wrong:
+            return Failure(case.label, "every message carries the right partial sum",
+                           f"at step {step} the {name}'s messages carry chunks that do not cut the "
+                           f"vector into pieces: {wrong}",
+                           expected="at every step, one chunk from every rank, together each "
+                                    "element of the vector exactly once",
+                           got="; ".join(f"rank {e.src}: elements {sl.start}..{sl.stop - 1}"
+                                         for e, sl in sent if sl.stop > sl.start),
+                           hint=CUT_HINT)
     return None
+
+
+CUT_HINT = ("Cut the vector into N chunks once (np.array_split(x, world_size)) and, at every "
+            "step, have each rank send a different one.")

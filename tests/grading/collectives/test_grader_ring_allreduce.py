@@ -12,7 +12,7 @@ from programs.reports import assert_fails
 
 
 @pytest.mark.parametrize("program", [ring_allreduce, v.leftward_send_recv, v.isend_irecv_in_place,
-                                     v.explicit_bounds])
+                                     v.explicit_bounds, v.ceil_chunks])
 def test_correct_rings_pass(program):
     for seed in (0, 1):
         report = ringlab.grade("ring_allreduce", program, seed=seed)
@@ -50,6 +50,12 @@ WRONG = [
         "message from rank 3; rank 3 waits for a message from rank 0: a cycle",
         "rank 0 sent rank 1 a message at step 1 that was never received: rank 1 waits for rank 2 instead",
         "a recv names the wrong peer"]),
+    # zeros: the grader names them (it used to crash on "contributions of" no rank)
+    (v.ring_on_zeros, "sum of all inputs", ["contributions of no rank (the value is 0)",
+                                            "sent rank 1 zeros", "not from np.zeros"]),
+    # a wrong sum whose messages leave the ring: the messages are the cause, named first
+    (v.skips_a_neighbour, "only between ring neighbours", ["rank 0 sent to rank 2",
+                                                           "So rank 0's result is wrong too"]),
     (v.gathers_into_a_list_one_step_short, "runs without error", [
         "ValueError", "Also: the program took 5 steps before failing; a ring AllReduce takes 2(N-1) = 6",
         "Count your loops first"]),
@@ -200,3 +206,25 @@ def test_a_check_that_crashes_on_a_program_s_run_is_a_failure(monkeypatch):
     report = ringlab.grade("ring_allreduce", ring_allreduce, seed=0, log=False)
     assert not report.passed and report.failure.check == "the grader can read the program's run"
     assert "IndexError: list index out of range" in str(report), report
+
+
+def test_chunks_that_do_not_cut_the_vector_fail_even_with_right_partial_sums():
+    """Every message a right partial sum, but of overlapping prefixes (the result taken
+    from shared memory): a ring may cut its chunks its own way, but it must cut them."""
+    shared = {}
+
+    def prefixes(comm, x):
+        n, r = comm.world_size, comm.rank
+        shared[r] = x.copy()
+        comm.barrier()
+        size = -(-len(x) // n)
+        for k in range(2 * (n - 1)):
+            members = [(r - j) % n for j in range(min(k + 1, n))]
+            part = sum(shared[m][:size] for m in members) if k < n - 1 else sum(
+                shared[m][:size] for m in range(n))
+            comm.sendrecv(part, (r + 1) % n, (r - 1) % n)
+        return sum(shared[m] for m in range(n))
+    report = ringlab.grade("ring_allreduce", prefixes, seed=0, log=False)
+    assert_fails(report, "every message carries the right partial sum",
+                 ["do not cut the vector into pieces", "element 0 is in 4 of them",
+                  "np.array_split(x, world_size)"], exact=False)

@@ -297,6 +297,40 @@ def rs_assumes_length_divides(comm, x):
     return chunks[r].copy()
 
 
+def rs_takes_turns(comm, x):
+    """Blocking send/recv, even ranks first: right sums, but a round takes two steps."""
+    n, r, right, left = ring(comm)
+    chunks = np.array_split(x.copy(), n)
+    for k in range(n - 1):
+        if r % 2 == 0:
+            comm.send(chunks[(r - k - 1) % n], right)
+            got = comm.recv(left)
+        else:
+            got = comm.recv(left)
+            comm.send(chunks[(r - k - 1) % n], right)
+        chunks[(r - k - 2) % n] += got
+    return chunks[r].copy()
+
+
+def rs_from_zeros(comm, x):
+    """Reduces a zero buffer instead of x."""
+    n, r, right, left = ring(comm)
+    chunks = np.array_split(np.zeros_like(x), n)
+    for k in range(n - 1):
+        chunks[(r - k - 2) % n] += comm.sendrecv(chunks[(r - k - 1) % n], right, left)
+    return chunks[r].copy()
+
+
+def rs_skips_a_neighbour(comm, x):
+    """The right indices, but messages go to rank + 2: wrong sums, and not a ring."""
+    n, r, _, _ = ring(comm)
+    chunks = np.array_split(x.copy(), n)
+    for k in range(n - 1):
+        chunks[(r - k - 2) % n] += comm.sendrecv(chunks[(r - k - 1) % n], (r + 2) % n,
+                                                 (r - 2) % n)
+    return chunks[r].copy()
+
+
 RS_RIGHT = [C.ring_reduce_scatter, rs_leftward, rs_isend_in_place, rs_explicit_bounds]
 RS_WRONG = [
     (rs_allreduce_convention, "rank r ends with chunk r", ["rank 0 ends with the sum of chunk 1, not of chunk 0",
@@ -316,6 +350,12 @@ RS_WRONG = [
     (rs_allreduce_indices, "rank r ends with chunk r", [
         "the contributions of ranks 1, 2 and 3 are missing", "With ring AllReduce's indices",
         "carried chunk 1 with the contributions of ranks 1, 2 and 3, so rank 0 completes chunk 1, not chunk 0"]),
+    (rs_takes_turns, "exactly N-1 steps", ["took 6 steps", "Your loop is right (3 messages "
+                                           "from every rank)", "comm.sendrecv"]),
+    (rs_from_zeros, "rank r ends with chunk r", ["contributions of no rank (the value is 0)",
+                                                 "not from np.zeros"]),
+    (rs_skips_a_neighbour, "only between ring neighbours", ["rank 0 sent to rank 2",
+                                                            "So rank 0's result is wrong too"]),
     (rs_assumes_length_divides, "every rank returns its result", [
         "world_size=4, length=13", "shape (3,)", "they have 4, 3, 3 and 3 elements, so chunk 0 has 4",
         "len(x) // N = 3", "np.array_split"]),

@@ -318,7 +318,7 @@ def _variant(**change):
             scale = {"sum": 1, "twice": p * p}.get(change.get("average"), p)
             for n in b:
                 out[n] = flat[offset:offset + params[n].size].reshape(params[n].shape) / scale
-                offset += params[n].size
+                offset += 0 if change.get("stuck_offset") else params[n].size
         return out
     return program
 
@@ -351,6 +351,8 @@ def test_bucketed_grad_sync_accepts(fn):
     ({"forward": True}, "buckets: reverse layer order, closed at the cap", ["forward order"]),
     ({"strict_cap": True}, "buckets: reverse layer order, closed at the cap", [">="]),
     ({"after": True}, "buckets overlap backward", ["when backward had ended"]),
+    ({"stuck_offset": True}, "the averaged gradients are exact",
+     ["of its bucket's averaged vector", "unpacked from the wrong place", "advancing the offset"]),
     ({"wait_inside": True}, "backward never waits for the network", ["work.wait()"]),
 ])
 def test_bucketed_grad_sync_rejects(change, check, words):
@@ -505,3 +507,44 @@ def test_ringlabs_reference_called_under_a_run_time_name_fails_isolated_grading(
                          "sync_sgd_step"), seed=1,
                          runner=runner(banned=banned_answers("sync_sgd_step")))
     assert not report.passed and "ringlab's own answer" in str(report)
+
+
+def ddp_fakes_backward_times(comm, params, backward, cap_bytes):
+    """The gradients from the backward generator's frame and backward events of the
+    program's own: the whole backward's time on layer 0, so every other bucket looks
+    ready at once."""
+    f = backward.gi_frame.f_locals
+    grads, seconds = f["grads"], f["seconds"]
+    buckets, works = assign_buckets(params, cap_bytes), []
+    for i in reversed(range(len(seconds))):
+        comm.compute(sum(seconds) if i == 0 else 1e-9, "backward", layer=i)
+        while len(works) < len(buckets) and all(int(n.split(".")[0]) >= i
+                                                  for n in buckets[len(works)]):
+            b = buckets[len(works)]
+            works.append(comm.start(ring_allreduce, np.concatenate([grads[n].ravel()
+                                                                    for n in b])))
+    out = {}
+    for b, w in zip(buckets, works):
+        flat, offset = w.wait() / comm.world_size, 0
+        for n in b:
+            out[n] = flat[offset:offset + params[n].size].reshape(params[n].shape)
+            offset += params[n].size
+    return out
+
+
+def test_backward_events_the_program_wrote_itself_are_not_backward():
+    """The timing checks read the backward's compute events: a program that writes
+    its own (and never runs the hidden backward) fails, in one process and isolated."""
+    import cloudpickle
+    import importlib
+    from ringlab.grading import GRADERS
+    from ringlab.backends.isolated import Submission, runner
+    from ringlab.grading.kit.loop import grade_cases
+    here = grade("bucketed_grad_sync", ddp_fakes_backward_times)
+    module = importlib.import_module(f"ringlab.grading.{GRADERS['bucketed_grad_sync']}")
+    apart = grade_cases("bucketed_grad_sync", module,
+                        Submission(cloudpickle.dumps(ddp_fakes_backward_times),
+                                   "bucketed_grad_sync"), seed=1, runner=runner())
+    for report in (here, apart):
+        assert not report.passed and report.failure.check == "backward runs, every layer", report
+        assert "the program wrote backward events of its own" in str(report), report
