@@ -289,11 +289,13 @@ class FlowSim:
         crowded, quiet = [], []
         for f in flows:
             links = f.links
-            if all(len(on_link[link]) == 1 for link in links):
+            for link in links:
+                if len(on_link[link]) > 1:
+                    crowded += links
+                    break
+            else:
                 self._alone(f, now)               # its own links after all
                 quiet += links
-            else:
-                crowded += links
         if crowded:
             self._reshare(crowded, now)
         if self.loads is not None:
@@ -336,7 +338,7 @@ class FlowSim:
         last bit): its first round is done here, while the group is found, and
         ``fill`` is called only if some flow does not fill a link in it."""
         on_link, capacity, seen = self.on_link, self.capacity, set()
-        mark, drains, push = seen.add, self.drains, heapq.heappush
+        mark, set_rate = seen.add, self._set_rate
         for first in changed:
             if first in seen:
                 continue
@@ -371,15 +373,8 @@ class FlowSim:
                 if len(rates) < len(group):       # more rounds: the general case
                     rates = fill(group, {link: on_link[link] for link in users}, capacity)
             for f, rate in rates.items():
-                if rate != f.rate:                # _set_rate(f, rate, now), inline
-                    if f.rate:
-                        f.rem = max(f.rem - f.rate * (now - f.base), 0.0)
-                        f.base = now
-                    f.rate = rate
-                    left = f.rem / rate
-                    f.drain, f.end = f.base + left, f.base + (f.lat + left)
-                    f.version = version = f.version + 1
-                    push(drains, (f.drain, f.seq, version, f))
+                if rate != f.rate:
+                    set_rate(f, rate, now)
         if self.loads is not None:
             self._record(seen, now)
 
