@@ -26,9 +26,11 @@ gets that link's share, and the other flow takes what it leaves:
     {'a': 2.0, 'b': 8.0}
 
 ``max_min_fair`` is the readable version: each round looks at every link.
-``fair_shares`` computes the same rates, to the last bit, keeping the links in
-a heap ordered by fair share, so that a round touches only the links of the
-flows it freezes: what the flow simulator (``network.FlowSim``) uses.
+``fill`` (and ``fair_shares``, called as ``max_min_fair`` is) computes the same
+floats faster: its first round is one scan, and often the last (every flow
+crosses a link that fills in it); later rounds take the links that fill from
+a heap ordered by fair share, and touch only the links of the flows they
+freeze. The flow simulator (``network.FlowSim``) uses it.
 """
 
 from __future__ import annotations
