@@ -16,7 +16,8 @@ from support import reference_flowsim
 # Capacities whose fair shares tie (several links fill in one round), nearly tie
 # (0.3 / 3 is 0.09999999999999999, not 0.1: a solver that rounds differently
 # shows), and do not.
-CAPACITIES = (st.sampled_from([1.0, 2.0, 3.0, 0.5, 0.1, 0.2, 0.3, 0.6, 0.7, 0.9, 1 / 3, 50e9, 100e9])
+CAPACITIES = (st.sampled_from([1.0, 2.0, 3.0, 0.5, 0.1, 0.2, 0.3, 0.6, 0.7, 0.9, 1 / 3,
+                               50e9, 100e9])
               | st.floats(0.01, 100.0))
 
 
