@@ -76,7 +76,7 @@ from __future__ import annotations
 import heapq
 import math
 
-from .flows import max_min_fair
+from .flows import fill
 from .graphs import gpus
 from .routing import Routing
 
@@ -289,11 +289,13 @@ class FlowSim:
         crowded, quiet = [], []
         for f in flows:
             links = f.links
-            if all(len(on_link[link]) == 1 for link in links):
+            for link in links:
+                if len(on_link[link]) > 1:
+                    crowded += links
+                    break
+            else:
                 self._alone(f, now)               # its own links after all
                 quiet += links
-            else:
-                crowded += links
         if crowded:
             self._reshare(crowded, now)
         if self.loads is not None:
@@ -330,31 +332,49 @@ class FlowSim:
     def _reshare(self, changed, now):
         """New max-min rates for the flows connected (through shared links) to a
         link whose flows changed. Other flows keep theirs: the allocation of one
-        connected group does not depend on the others."""
-        on_link, seen = self.on_link, set()
+        connected group does not depend on the others.
+
+        The rates are ``max_min_fair``'s (``flows.fill`` explains why, to the
+        last bit): its first round is done here, while the group is found, and
+        ``fill`` is called only if some flow does not fill a link in it."""
+        on_link, capacity, seen = self.on_link, self.capacity, set()
+        mark, set_rate = seen.add, self._set_rate
         for first in changed:
             if first in seen:
                 continue
-            group, stack = {}, [first]
-            while stack:                          # the connected group of flows
+            mark(first)
+            group, users, stack, share = {}, {}, [first], math.inf
+            while stack:                          # the connected group: its flows and links
                 link = stack.pop()
-                if link in seen:
-                    continue
-                seen.add(link)
-                for f in on_link[link]:
-                    if f not in group:
-                        group[f] = None
-                        stack += f.links
+                flows = on_link[link]
+                if flows:
+                    # The link's fair share before anything is given out: round one's.
+                    users[link] = key = capacity[link] / len(flows)
+                    if key < share:
+                        share = key
+                    for f in flows:
+                        if f not in group:
+                            group[f] = links = f.links
+                            for other in links:
+                                if other not in seen:
+                                    mark(other)
+                                    stack.append(other)
             if not group:                         # links left empty
                 continue
             if len(group) == 1:                   # alone on its links: the slowest one
                 f = next(iter(group))
                 rates = {f: f.cap}
             else:
-                rates = max_min_fair({f: f.links for f in group}, self.capacity)
-            for f, r in rates.items():
-                if r != f.rate:
-                    self._set_rate(f, r, now)
+                rates = {}
+                for link, key in users.items():   # round one freezes the flows of the
+                    if key == share:              # links with the smallest share
+                        for f in on_link[link]:
+                            rates[f] = share
+                if len(rates) < len(group):       # more rounds: the general case
+                    rates = fill(group, {link: on_link[link] for link in users}, capacity)
+            for f, rate in rates.items():
+                if rate != f.rate:
+                    set_rate(f, rate, now)
         if self.loads is not None:
             self._record(seen, now)
 

@@ -41,6 +41,10 @@ class Routing:
                 raise ValueError(f"link {u} -> {v} has {weight}={w!r}; routing needs weights > 0")
         self._dist = {}          # dst -> {node: cost to dst}, settled so far
         self._paths = {}
+        # Each node's incoming links as (from, weight), in networkx's order: read
+        # once here, not through networkx's edge views at every step of Dijkstra.
+        self._into = {v: [(u, d.get(weight, 1)) for u, d in graph.pred[v].items()]
+                      for v in graph}
 
     def distances_to(self, dst, src):
         """Cost from every node at most as far as ``src`` to ``dst``: Dijkstra
@@ -49,8 +53,7 @@ class Routing:
         done = self._dist.get(dst)
         if done is not None and src in done:
             return done
-        g, w = self.graph, self.weight
-        done = {}
+        into, done, inf = self._into, {}, float("inf")
         heap, seen = [(0, dst)], {dst: 0}
         while heap:
             d, v = heapq.heappop(heap)
@@ -59,9 +62,9 @@ class Routing:
             done[v] = d
             if v == src:
                 break
-            for u, _, c in g.in_edges(v, data=w, default=1):
+            for u, c in into[v]:
                 nd = d + c
-                if u not in done and nd < seen.get(u, float("inf")):
+                if u not in done and nd < seen.get(u, inf):
                     seen[u] = nd
                     heapq.heappush(heap, (nd, u))
         if src not in done:
