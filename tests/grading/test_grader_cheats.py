@@ -403,16 +403,10 @@ CHEATS = [
      ["sent rank 1 zeros: neither an activation nor a gradient of any microbatch (shape (1,))"]),
     ("zero1_step", Z.z1_zeros_and_shared_memory, "every message carries gradients or parameter",
      ["neither a partial sum of the ranks' weighted gradients"]),
-    ("zero1_step", Z.z1_whole_model_adam_rs_ag, "collectives: which, how many, what size",
-     ["AllGather of the gradients"]),
     ("zero2_step", Z.z2_zeros_and_shared_memory, "every message carries gradients or parameter",
      ["nor one rank's shard of the parameters"]),
-    ("zero2_step", Z.z2_full_master_kept, "memory: what a rank keeps between steps",
-     ["no full master copy"]),
     ("zero3_step", Z.z3_zeros_and_shared_memory, "every message carries gradients or parameter",
      ["nor one rank's shard of the parameters"]),
-    ("zero3_step", Z.z3_gather_all_up_front, "memory: peak per rank within ZeRO-3's bound",
-     ["times its largest unit"]),
     ("ring_attention", RA.globals_numpy, "every rank passes on c - 1 K/V blocks",
      ["rank 0 sent nothing"]),
     ("ring_attention", RA.allgather_by_hand, "memory: peak per rank, measured",
@@ -423,10 +417,16 @@ CHEATS = [
     ("moe_dispatch_combine", MP.everything_to_everyone,
      "no token goes to a rank that does not hold its expert",
      ["rank 0 sent every rank all its 6 tokens"]),
-    ("hsdp_step", HS.zeros_and_shared_memory, "every message carries parameters or gradients",
-     ["in its shard group: neither one rank's shard", "Got:      [0, 0, 0, 0, ...]"]),
-    ("hsdp_step", HS.full_params_kept, "memory: what a rank keeps between steps",
-     ["copies of the whole model", "keeps only its shards and its 1/S"]),
+]
+# Cheats that the grader's own test file grades already, with the same seed, the
+# whole grader and an exact check, and every phrase asked for here: graded once,
+# there (a ZeRO grade that reaches the measured case takes seconds).
+CHEATS_GRADED_THERE = [
+    ("zero1_step", Z.z1_whole_model_adam_rs_ag),      # tests/grading/zero/test_grade_zero.py
+    ("zero2_step", Z.z2_full_master_kept),
+    ("zero3_step", Z.z3_gather_all_up_front),
+    ("hsdp_step", HS.zeros_and_shared_memory),         # tests/grading/frontier/
+    ("hsdp_step", HS.full_params_kept),                # test_grade_hsdp_step.py
 ]
 
 
@@ -454,9 +454,18 @@ def test_every_exercise_has_two_cheats():
     own = {"column_parallel_linear": tp.COLUMN_WRONG, "row_parallel_linear": tp.ROW_WRONG,
            "megatron_mlp": tp.MLP_WRONG, "tp_attention": tp.ATTENTION_WRONG}
     for ex in set(GRADERS) - {"fix_ring_allgather"} - set(own):   # graded as ring_allgather
-        assert sum(c[0] == ex for c in CHEATS) >= 2, ex
+        assert sum(c[0] == ex for c in CHEATS + CHEATS_GRADED_THERE) >= 2, ex
     for ex, wrong in own.items():
         assert sum("shared" in name or "local" in name for name in wrong) >= 2, ex
+
+
+def test_the_cheats_graded_there_are_graded_there():
+    """Each of CHEATS_GRADED_THERE is in its grader's own list of failing programs."""
+    from grading.frontier import test_grade_hsdp_step as hsdp
+    from grading.zero import test_grade_zero as zero
+    there = {(w[0], w[1]) for w in zero.FAILS} | {("hsdp_step", c[0]) for c in hsdp.CHEATS}
+    assert set(CHEATS_GRADED_THERE) <= there, set(CHEATS_GRADED_THERE) - there
+    assert not {(c[0], c[1]) for c in CHEATS} & there      # and graded only there
 
 
 def test_a_receiver_cannot_change_the_record_of_a_message():

@@ -82,24 +82,39 @@ def test_wrong_programs_fail_with_the_mistake_named(program, check, phrases):
     assert "np.float64(" not in text and "hsdp_step.py" not in text
 
 
-@pytest.mark.parametrize("program, check, phrase", [
-    (P.gather_all_up_front, "memory: peak per rank within HSDP's bound", "times its largest unit"),
-    (P.full_params_kept, "memory: what a rank keeps between steps", "copies of the whole model"),
-], ids=["gather_all_up_front", "full_params_kept"])
-def test_memory_is_measured(program, check, phrase):
+def test_memory_is_measured():
     P.KEPT.clear()
-    report = grade(program, only(MEASURED))
+    report = grade(P.gather_all_up_front, only(MEASURED))
+    P.KEPT.clear()
+    check = "memory: peak per rank within HSDP's bound"
     assert not report.passed and report.failure.check == check, str(report)
-    assert phrase in str(report) and "25 units, memory measured" in str(report)
+    assert "times its largest unit" in str(report) and "25 units, memory measured" in str(report)
+
+
+# The two cheats of tests/grading/test_grader_cheats.py for this grader (its
+# CHEATS_GRADED_THERE), graded once, here, by the whole grader as a learner's
+# self-check grades them: the first case that fails is the one named.
+CHEATS = [
+    (P.zeros_and_shared_memory, "every message carries parameters or gradients",
+     ["Got:      [0, 0, 0, 0, ...]", "in its shard group: neither one rank's shard"]),
+    (P.full_params_kept, "memory: what a rank keeps between steps",
+     ["copies of the whole model", "25 units, memory measured",
+      "keeps only its shards and its 1/S"]),
+]
+
+
+@pytest.mark.parametrize("program, check, phrases", CHEATS, ids=[c[0].__name__ for c in CHEATS])
+def test_cheats_fail_on_what_the_messages_carry_and_the_memory_kept(program, check, phrases):
+    P.SHARED.clear()
     P.KEPT.clear()
-
-
-def test_zeros_for_show_fail_on_what_the_messages_carry():
+    report = grade(program)
     P.SHARED.clear()
-    report = grade(P.zeros_and_shared_memory, only(FIRST))
-    P.SHARED.clear()
-    assert report.failure.check == "every message carries parameters or gradients", str(report)
-    assert "Got:      [0, 0, 0, 0, ...]" in str(report)
+    P.KEPT.clear()
+    text = str(report)
+    assert not report.passed and report.failure.check == check, text
+    for phrase in phrases:
+        assert phrase in text, f"{phrase!r} missing from:\n{text}"
+    assert "np.float64(" not in text
 
 
 def test_an_allgather_that_sends_its_own_shard_again_and_again_fails():

@@ -125,7 +125,7 @@ def test_each_grader_has_six_wrong_and_three_right_programs():
         assert len(WRONG[exercise]) >= 6 and len(RIGHT[exercise]) >= 3
 
 
-def test_cases_are_hidden_and_hard():
+def test_cases_are_hidden_and_hard(monkeypatch):
     """World sizes 1..8, parameter counts that do not divide by N, unequal shards,
     a seed that changes the models."""
     from ringlab.grading.zero import zero1_step, zero2_step, zero3_step
@@ -135,7 +135,13 @@ def test_cases_are_hidden_and_hard():
         assert any(c.info["numel"] % c.world_size for c in cases)
         assert any("unequal shards" in c.label for c in cases)
         assert sum(c.info["measure"] for c in cases) == 1
-        other = list(grader.cases(np.random.default_rng(1)))
+    # Seed 1's models only: its reference training (seconds, drawing nothing from
+    # the generator) is not what is compared. The grader's own cases (not the
+    # store of made_once, which must not keep these).
+    monkeypatch.setattr(common, "reference", lambda info, n: None)
+    for grader in (zero1_step, zero2_step, zero3_step):
+        cases = list(grader.cases(np.random.default_rng(0)))
+        other = list(grader.cases.real(np.random.default_rng(1)))
         assert [c.info["seed"] for c in cases] != [c.info["seed"] for c in other]
 
 
