@@ -7,6 +7,10 @@ graders' (the book shows it), so callers pass the parts that depend on the
 exercise: the algorithm's name, the expected step count, the hint.
 """
 
+import contextlib
+import contextvars
+import gc
+import operator
 import sys
 import traceback
 import types
@@ -181,27 +185,91 @@ def _ranks(rs):
 # In the self-check every rank runs in the grader's own process, so a program that
 # assigns to numpy's names (np.array_split = ...) changes what the grader computes
 # with; so does one that replaces a builtin or one of ringlab's functions. These are
-# watched, with every ringlab module and the attributes of ringlab's classes.
+# watched, with every ringlab module and the attributes of ringlab's classes; so is
+# the code of every Python function among them (``f.__code__ = ...`` keeps the
+# function's identity, and a red team made the grader's checks return None that
+# way), and the grader's own constants (a raised tolerance ``TOL = 1e300``).
 WATCHED = ("numpy", "numpy.linalg", "numpy.random", "builtins", "math", "copy", "functools")
+GRADER = __name__.rpartition(".kit.")[0]                 # "ringlab.grading"
+CONSTANTS = (int, float, complex, str, bytes, tuple, frozenset)
+# numpy's functions (np.allclose) are dispatchers: a C object around a Python function,
+# its read-only ``_implementation``, whose code a program can still replace.
+DISPATCHER = type(np.allclose)
+
+
+class ModuleState:
+    """What ``module_state`` saw: the watched ``names`` [(owner, its name, attribute)]
+    and their ``values``; the Python ``functions`` among them and their ``codes``
+    [(__code__, __defaults__, __kwdefaults__)]. ``same()`` compares by identity (a
+    replacement's ``__eq__`` could say "equal"), in C: a case pays for that, not
+    for a loop over some 2,700 entries in Python. The functions' part is read with
+    one ``gc.get_referents`` (their code, defaults, name, ...): reading
+    ``f.__code__`` is an audit event, which the self-check's audit hook (apart.py)
+    would make a call of Python, some 900 times."""
+
+    def __init__(self, names, values, functions):
+        self.names, self.values, self.functions = names, values, functions
+        self.codes = list(map(_CODE, functions))
+        self.parts = gc.get_referents(*functions)
+
+    def now(self):
+        """The values bound to ``names`` now."""
+        return [vars(owner).get(attr, _MISSING) for owner, _, attr in self.names]
+
+    def same(self, values):
+        """Whether ``values`` (``now()``) and the functions' parts are those saved."""
+        parts = gc.get_referents(*self.functions)
+        return (all(map(operator.is_, values, self.values)) and len(parts) == len(self.parts)
+                and all(map(operator.is_, parts, self.parts)))
+
+
+_CODE = operator.attrgetter("__code__", "__defaults__", "__kwdefaults__")
+_MISSING = object()
+# The state of a grade in progress (see ``saved_state``): a case reuses it, since
+# ``patched_modules`` puts back whatever a program changed.
+_SAVED = contextvars.ContextVar("ringlab_module_state", default=None)
 
 
 def module_state():
     """The functions, classes and modules bound in the watched modules (and in
-    ringlab's classes) now: {(owner, its name, attribute): value}."""
-    state = {}
+    ringlab's classes) now, the code of the Python functions among them, and the
+    graders' constants (numbers, strings, tuples): a ``ModuleState``. Within a
+    grade (``saved_state``) the one taken first, while no module has been imported
+    since (about 4 ms saved per call)."""
+    saved = _SAVED.get()
+    if saved is not None and saved[0] == len(sys.modules) and saved[1] is not None:
+        return saved[1]
+    names, functions = {}, {}
     for name, mod in list(sys.modules.items()):
         if not isinstance(mod, types.ModuleType) or not (
                 name in WATCHED or name == "ringlab" or name.startswith("ringlab.")):
             continue
+        grader = name.startswith(GRADER)
         for attr, value in list(vars(mod).items()):
-            if _code(value):
-                state[mod, name, attr] = value
+            if _code(value) or (grader and isinstance(value, CONSTANTS)):
+                names[mod, name, attr] = value
             if (isinstance(value, type) and name.startswith("ringlab")
                     and value.__module__ == name):
                 for a, v in list(vars(value).items()):
                     if _code(v):
-                        state[value, f"{name}.{value.__qualname__}", a] = v
+                        names[value, f"{name}.{value.__qualname__}", a] = v
+    for value in names.values():
+        functions.update(dict.fromkeys(_functions(value)))
+    state = ModuleState(list(names), list(names.values()), list(functions))
+    if saved is not None:
+        saved[:] = [len(sys.modules), state]
     return state
+
+
+@contextlib.contextmanager
+def saved_state():
+    """Within it, ``module_state`` reuses the state it took first (while no module
+    is imported): a grade's cases, each put back by ``patched_modules``."""
+    token = _SAVED.set([None, None])
+    try:
+        yield
+    finally:
+        _SAVED.reset(token)
 
 
 def _code(value):
@@ -209,30 +277,129 @@ def _code(value):
                                                  classmethod))
 
 
+def _functions(value):
+    """The Python functions whose code runs when ``value`` is called: a function
+    and those it wraps (``functools.wraps``'s ``__wrapped__``), a method's, a
+    property's, a numpy dispatcher's ``_implementation``."""
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    if isinstance(value, property):
+        return [f for f in (value.fget, value.fset, value.fdel) if type(f) is types.FunctionType]
+    if type(value) is DISPATCHER:
+        value = value._implementation
+    found = []
+    while type(value) is types.FunctionType and len(found) < 4:
+        found.append(value)
+        # Made now if the function had none, so that reading them later (inspect does)
+        # adds nothing to what gc.get_referents sees in it (ModuleState).
+        value.__annotations__  # noqa: B018
+        value = value.__dict__.get("__wrapped__")
+    return found
+
+
+_PARTS = ("__code__", "__defaults__", "__kwdefaults__")
+
+
 def patched_modules(state, case):
     """A Failure naming what the program replaced (or deleted) among ``state``'s
-    names since it was taken, or None. Puts every one of them back first, so
-    that the grader, and the next case, run with the real ones."""
-    missing, changed = object(), []
-    for (owner, name, attr), value in state.items():
-        now = vars(owner).get(attr, missing)
-        if now is not value:
-            changed.append((f"{name}.{attr}", now is missing))
-            setattr(owner, attr, value)
-    if not changed:
+    names, and whose code it replaced, since it was taken, or None. Puts every
+    one of them back first, so that the grader, and the next case, run with the
+    real ones."""
+    values = state.now()
+    if state.same(values):
+        return None
+    codes = list(map(_CODE, state.functions))
+    changed = []
+    for (owner, name, attr), was, now in zip(state.names, state.values, values):
+        if now is not was:
+            changed.append((f"{name}.{attr}", now is _MISSING))
+            setattr(owner, attr, was)
+    for fn, saved, now in zip(state.functions, state.codes, codes):
+        for part, was, new in zip(_PARTS, saved, now):
+            if new is not was:
+                changed.append((f"{fn.__module__}.{fn.__qualname__}.{part}", False))
+                setattr(fn, part, was)
+    if not changed:              # a function's other parts changed (its __name__): no matter
+        state.parts = gc.get_referents(*state.functions)
         return None
     names = ", ".join(n for n, _ in changed[:3]) + (f" and {len(changed) - 3} more"
                                                     if len(changed) > 3 else "")
     return Failure(case.label if case is not None else "",
                    "the program leaves numpy, Python and ringlab as they are",
                    f"the program replaced {names} while it ran (put back now): the grader runs "
-                   f"in the same process, and would read the program's results with the "
-                   f"replaced function",
+                   f"in the same process, and would read the program's results with what the "
+                   f"program replaced",
                    expected="numpy, the builtins and ringlab as the program found them",
                    got="; ".join(f"{n} {'deleted' if gone else 'assigned to'}"
                                  for n, gone in changed[:3]),
                    hint="Write a helper of your own (def split(x, n): ...) and call it; do not "
-                        "assign to numpy's, Python's or ringlab's names.")
+                        "assign to numpy's, Python's or ringlab's names, nor to their "
+                        "functions' code.")
+
+
+# -- the grader's cases, which a program run in the grader's process must leave alone --
+
+def case_print(case):
+    """What ``case`` holds, as {path: token} (a copy, made of bytes, strings and
+    numbers, that no program can reach and change): its inputs, args and info,
+    into lists, dicts and objects' public attributes (a ``PSTask`` in ``info``). In the
+    self-check a program can reach the grader's ``Case`` (``gc``, frames) and
+    zero its inputs, so that the grader expects zeros; ``case_changed`` tells."""
+    prints, seen = {}, set()
+    for key, value in vars(case).items():
+        _walk(value, f"case.{key}", prints, seen, 0)
+    return prints
+
+
+def _walk(value, path, prints, seen, depth):
+    if isinstance(value, np.ndarray):
+        prints[path] = (value.dtype.str, value.shape, value.tobytes())
+    elif value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        prints[path] = (type(value), repr(value))       # repr: a NaN equals itself
+    elif id(value) in seen or depth > 6 or isinstance(value, (type, types.ModuleType,
+                                                              types.FunctionType)):
+        prints[path] = ("object", id(value))            # the same object, held by the case
+    else:
+        seen.add(id(value))
+        prints[path] = ("object", id(value), type(value))
+        if isinstance(value, dict):
+            items = value.items()
+        elif isinstance(value, (list, tuple)):
+            items = enumerate(value)
+        elif isinstance(value, (set, frozenset)):
+            items = enumerate(sorted(map(repr, value)))
+        else:      # an object's public attributes: its private ones (a PSTask's
+            # _model, the scratch space of its gradients) change as the grader uses it
+            items = [(n, v) for n, v in getattr(value, "__dict__", {}).items()
+                     if not n.startswith("_")] + [
+                (n, getattr(value, n)) for n in getattr(type(value), "__slots__", ())
+                if isinstance(n, str) and not n.startswith("_") and hasattr(value, n)]
+        for key, item in items:
+            _walk(item, f"{path}[{key!r}]" if isinstance(value, (dict, list, tuple))
+                  else f"{path}.{key}", prints, seen, depth + 1)
+
+
+def case_changed(before, case, added=True):
+    """The first path where ``case`` no longer holds what ``before`` (its
+    ``case_print``) saw, or None; ``added=False``: entries the case has gained
+    (a grader keeps what it computed in ``info``) do not count."""
+    after = case_print(case)
+    for path, token in before.items():
+        if after.get(path, _MISSING) != token:
+            return path
+    return next((path for path in after if path not in before), None) if added else None
+
+
+def changed_case(case, path):
+    """The Failure for a case the program changed while it ran."""
+    return Failure(case.label, "the program leaves the grader's case as it was",
+                   f"the program changed the grader's case while it ran ({path}): the grader "
+                   f"runs in the same process, and would check the program's results against "
+                   f"the changed case",
+                   expected="the case's inputs, arguments and settings as the grader made them",
+                   got=f"{path} changed",
+                   hint="Work on the arguments your function is given; do not look for the "
+                        "grader's objects (gc, frames) or change them.")
 
 
 def check_crashed(case, exc):

@@ -64,7 +64,15 @@ def _without_errors(report):
 
 
 def _grade_cases(exercise_id, module, program, seed, backend):
+    with checks.saved_state():     # the cases share one module_state: see checks.py
+        return _graded(exercise_id, module, program, seed, backend)
+
+
+def _graded(exercise_id, module, program, seed, backend):
     cases = list(module.cases(np.random.default_rng(seed)))
+    # What each case holds now: a program may reach the grader's cases (gc) and change
+    # them, the later ones too, while it runs on one of them.
+    prints = [checks.case_print(case) for case in cases]
     sizes = tuple(sorted({c.world_size for c in cases}))
     report = Report(exercise_id, False, seed, 0, len(cases), sizes, backend=backend)
     causal = _causality_case(module, cases)
@@ -74,6 +82,10 @@ def _grade_cases(exercise_id, module, program, seed, backend):
             first = []
             token = _FIRST_RUN.set(first if case is causal else None)
             state = checks.module_state()
+            changed = checks.case_changed(prints[index], case)
+            if changed:           # changed while the program ran on an earlier case
+                report.failure = checks.changed_case(case, changed)
+                return report
             try:
                 failure = module.check(program, case, backend)
             except NotImplementedYet:
@@ -84,6 +96,9 @@ def _grade_cases(exercise_id, module, program, seed, backend):
                 _FIRST_RUN.reset(token)
             # What the program replaced in numpy, Python or ringlab is named first, and put back.
             failure = checks.patched_modules(state, case) or failure
+            # What the grader adds to a case's info as it checks is its own.
+            changed = checks.case_changed(prints[index], case, added=False)
+            failure = (checks.changed_case(case, changed) if changed else None) or failure
             if failure is None and first:
                 failure = _causality(module, case, *first[0])
             if failure is not None:

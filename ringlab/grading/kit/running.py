@@ -16,6 +16,7 @@ import numpy as np
 from ...errors import DeadlockError, ProgramTimeout, RankError, UnreceivedMessagesError
 from ...runner import run
 from . import apart
+from .checks import case_changed, case_print, changed_case
 from .frames import without_grader_frames
 from .report import Failure, NotImplementedYet
 
@@ -52,6 +53,13 @@ def run_case(program, case, backend="sim", **kw):
     first = _FIRST_RUN.get()
     if first is not None and not first and backend == "sim" and not kw.get("network"):
         first.append((program, copy.deepcopy(case.inputs), case.args, kw.get("timeout", 10.0)))
+    before = case_print(case)       # in the self-check the program could reach the case
+    result, failure = _run_case(program, case, inputs, backend, kw)
+    changed = case_changed(before, case)
+    return (None, changed_case(case, changed)) if changed else (result, failure)
+
+
+def _run_case(program, case, inputs, backend, kw):
     try:
         result = active_runner()(program, inputs, args=case.args, timeout=kw.pop("timeout", 10.0),
                                  backend=backend, **kw)
