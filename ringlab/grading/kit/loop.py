@@ -5,9 +5,10 @@ A grader module defines ``cases(rng)``, yielding ``Case`` objects, and
 ("sim", or a real one such as "torch"; see ``ringlab.run``) and returns
 ``None`` when the case passes or a ``Failure`` that says what went wrong,
 where, and what to try. The loop adds what every grader shares: a check
-that raises is a failure, what the program patched is named and put back,
-causality is checked on one case, and the self-check runs in a process of
-its own (``apart.py``).
+that raises is a failure, what the program patched is named and put back (a
+name, a function's code, a grader's constant), a case the program changed
+fails, causality is checked on one case, and the self-check runs in a process
+of its own (``apart.py``).
 """
 
 from __future__ import annotations
