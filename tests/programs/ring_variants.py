@@ -87,21 +87,22 @@ AG = lambda r, k, n: ((r + 1 - k) % n, (r - k) % n, False)         # noqa: E731
 
 
 def _sendrecv_ring(comm, x, rs_steps=-1, ag_steps=-1, chunks_of=np.array_split, rs_from=-1,
-                   last_stops=False):
+                   last_stops=False, hop=1):
     """The plain ring with sendrecv: N + ``rs_steps`` reduce-scatter steps, receiving
-    from rank r + ``rs_from``, then N + ``ag_steps`` all-gather steps, on the chunks
-    ``chunks_of(out, N)``; with ``last_stops`` rank N-1 returns after the
-    reduce-scatter. The defaults are the right ring."""
+    from rank r + ``rs_from`` * ``hop``, then N + ``ag_steps`` all-gather steps, on the
+    chunks ``chunks_of(out, N)``, sending to rank r + ``hop``; with ``last_stops`` rank
+    N-1 returns after the reduce-scatter. The defaults are the right ring."""
     n, r = comm.world_size, comm.rank
     out = x.copy()
     chunks = chunks_of(out, n)
     for k in range(n + rs_steps):
-        chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], (r + 1) % n,
-                                                 (r + rs_from) % n)
+        chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], (r + hop) % n,
+                                                 (r + rs_from * hop) % n)
     if last_stops and r == n - 1:
         return out
     for k in range(n + ag_steps):
-        chunks[(r - k) % n][...] = comm.sendrecv(chunks[(r + 1 - k) % n], (r + 1) % n, (r - 1) % n)
+        chunks[(r - k) % n][...] = comm.sendrecv(chunks[(r + 1 - k) % n], (r + hop) % n,
+                                                 (r - hop) % n)
     return out
 
 
@@ -226,12 +227,4 @@ def ring_on_zeros(comm, x):
 
 def skips_a_neighbour(comm, x):
     """The right ring's indices, but it sends to rank + 2 and receives from rank - 2."""
-    n, r = comm.world_size, comm.rank
-    out = x.copy()
-    chunks = np.array_split(out, n)
-    for k in range(n - 1):
-        chunks[(r - k - 1) % n] += comm.sendrecv(chunks[(r - k) % n], (r + 2) % n, (r - 2) % n)
-    for k in range(n - 1):
-        chunks[(r - k) % n][...] = comm.sendrecv(chunks[(r + 1 - k) % n], (r + 2) % n,
-                                                 (r - 2) % n)
-    return out
+    return _sendrecv_ring(comm, x, hop=2)

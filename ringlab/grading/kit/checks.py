@@ -223,7 +223,8 @@ class ModuleState:
                 and all(map(operator.is_, parts, self.parts)))
 
 
-_CODE = operator.attrgetter("__code__", "__defaults__", "__kwdefaults__")
+_PARTS = ("__code__", "__defaults__", "__kwdefaults__")
+_CODE = operator.attrgetter(*_PARTS)
 _MISSING = object()
 # The state of a grade in progress (see ``saved_state``): a case reuses it, since
 # ``patched_modules`` puts back whatever a program changed.
@@ -295,9 +296,6 @@ def _functions(value):
         value.__annotations__  # noqa: B018
         value = value.__dict__.get("__wrapped__")
     return found
-
-
-_PARTS = ("__code__", "__defaults__", "__kwdefaults__")
 
 
 def patched_modules(state, case):

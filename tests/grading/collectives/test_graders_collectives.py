@@ -203,12 +203,12 @@ def rs_explicit_bounds(comm, x):
     return part(r).copy()
 
 
-def _rs(comm, x, send, recv, add=True, keep=lambda r, n: r):
-    n, r, right, left = ring(comm)
+def _rs(comm, x, send, recv, add=True, keep=lambda r, n: r, hop=1):
+    n, r = comm.world_size, comm.rank
     out = x.copy()
     chunks = np.array_split(out, n)
     for k in range(n - 1):
-        got = comm.sendrecv(chunks[send(r, k, n)], right, left)
+        got = comm.sendrecv(chunks[send(r, k, n)], (r + hop) % n, (r - hop) % n)
         chunks[recv(r, k, n)][...] = chunks[recv(r, k, n)] + got if add else got
     return chunks[keep(r, n)]
 
@@ -312,23 +312,17 @@ def rs_takes_turns(comm, x):
     return chunks[r].copy()
 
 
+RS_SEND, RS_ADD = (lambda r, k, n: (r - k - 1) % n), (lambda r, k, n: (r - k - 2) % n)
+
+
 def rs_from_zeros(comm, x):
     """Reduces a zero buffer instead of x."""
-    n, r, right, left = ring(comm)
-    chunks = np.array_split(np.zeros_like(x), n)
-    for k in range(n - 1):
-        chunks[(r - k - 2) % n] += comm.sendrecv(chunks[(r - k - 1) % n], right, left)
-    return chunks[r].copy()
+    return _rs(comm, np.zeros_like(x), RS_SEND, RS_ADD)
 
 
 def rs_skips_a_neighbour(comm, x):
     """The right indices, but messages go to rank + 2: wrong sums, and not a ring."""
-    n, r, _, _ = ring(comm)
-    chunks = np.array_split(x.copy(), n)
-    for k in range(n - 1):
-        chunks[(r - k - 2) % n] += comm.sendrecv(chunks[(r - k - 1) % n], (r + 2) % n,
-                                                 (r - 2) % n)
-    return chunks[r].copy()
+    return _rs(comm, x, RS_SEND, RS_ADD, hop=2)
 
 
 RS_RIGHT = [C.ring_reduce_scatter, rs_leftward, rs_isend_in_place, rs_explicit_bounds]

@@ -447,13 +447,7 @@ def ddp_reads_future_gradients(comm, params, backward, cap_bytes):
              for b in buckets]
     for _ in backward:
         pass
-    out = {}
-    for b, w in zip(buckets, works):
-        flat, offset = w.wait() / comm.world_size, 0
-        for n in b:
-            out[n] = flat[offset:offset + params[n].size].reshape(params[n].shape)
-            offset += params[n].size
-    return out
+    return _averaged(comm, params, buckets, [w.wait() for w in works])
 
 
 def ddp_skips_backward(comm, params, backward, cap_bytes, layers=0):
@@ -462,9 +456,16 @@ def ddp_skips_backward(comm, params, backward, cap_bytes, layers=0):
     every = backward.gi_frame.f_locals["grads"]
     for _ in range(layers):
         next(backward)
+    buckets = assign_buckets(params, cap_bytes)
+    return _averaged(comm, params, buckets, [
+        comm.start(ring_allreduce, np.concatenate([every[n].ravel() for n in b])).wait()
+        for b in buckets])
+
+
+def _averaged(comm, params, buckets, sums):
+    """Each bucket's summed vector, divided by P and unpacked into its parameters."""
     out = {}
-    for b in assign_buckets(params, cap_bytes):
-        flat = comm.start(ring_allreduce, np.concatenate([every[n].ravel() for n in b])).wait()
+    for b, flat in zip(buckets, sums):
         flat, offset = flat / comm.world_size, 0
         for n in b:
             out[n] = flat[offset:offset + params[n].size].reshape(params[n].shape)
@@ -523,13 +524,7 @@ def ddp_fakes_backward_times(comm, params, backward, cap_bytes):
             b = buckets[len(works)]
             works.append(comm.start(ring_allreduce, np.concatenate([grads[n].ravel()
                                                                     for n in b])))
-    out = {}
-    for b, w in zip(buckets, works):
-        flat, offset = w.wait() / comm.world_size, 0
-        for n in b:
-            out[n] = flat[offset:offset + params[n].size].reshape(params[n].shape)
-            offset += params[n].size
-    return out
+    return _averaged(comm, params, buckets, [w.wait() for w in works])
 
 
 def test_backward_events_the_program_wrote_itself_are_not_backward():
