@@ -13,8 +13,8 @@ the trace and its payloads (the run records them), on hidden worker speeds
 
 1. it runs: no exception, deadlock or unreceived message;
 2. the server returns ``(params, log)``;
-3. messages go only between the server and a worker; the server sends
-   parameters or STOP, a worker sends gradients;
+3. messages go only between the server and a worker, as float64; the server
+   sends parameters or STOP, a worker sends gradients;
 4. each worker pulls, computes, pushes, pulls ... and ends on one STOP;
 5. each gradient is the one ``task.work`` computes from the parameters the
    worker was sent (one ``"gradient"`` compute per push, of exactly the hidden time);
@@ -48,6 +48,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from ..kit import checks
 from ..kit.report import Case, Failure, numbers
 from ..kit.running import plain_array, run_case
 from ...data_parallel.async_ps import NETWORK, replay, run_async_ps
@@ -155,11 +156,20 @@ def _messages(r):
             return r.fail("messages go only between the server and a worker",
                           f"at step {e.step} worker {e.src} sent worker {e.dst} a message",
                           hint="Workers never talk to each other in a parameter server.")
+        # float32 on the way rounds what travels: the replay below is bit for bit.
+        failure = checks.narrow_floats(
+            r.res, r.case, events=[e], check="parameters and gradients travel as float64",
+            carried="the parameters" if e.src == 0 else "its gradient", who=_who,
+            hint="Send the float64 arrays as they are, no astype on the way: the grader "
+                 "replays the updates bit for bit.")
+        if failure:
+            return failure
         x = r.pay(e)
         if e.src == 0 and not (x.size == 0 or (x.shape == (r.n_params,)
                                                and x.dtype == np.float64)):
             return r.fail("the server sends parameters or STOP",
-                          f"at step {e.step} the server sent worker {e.dst} shape {x.shape}",
+                          f"at step {e.step} the server sent worker {e.dst} shape {x.shape}, "
+                          f"dtype {x.dtype}",
                           expected=f"the parameters, shape ({r.n_params},), or STOP "
                                    f"(np.empty(0))")
         if e.src != 0 and x.shape != (r.n_params,):
@@ -167,6 +177,10 @@ def _messages(r):
                           f"at step {e.step} worker {e.src} sent shape {x.shape}",
                           expected=f"a gradient of shape ({r.n_params},)")
         (r.down[e.dst] if e.src == 0 else r.up[e.src]).append(e)
+
+
+def _who(rank):
+    return "the server" if rank == 0 else f"worker {rank}"
 
 
 def _protocol(r):

@@ -15,7 +15,8 @@ The grader trains a hidden model for 3 steps on hidden data, world sizes 1 to
 8, batches that do and do not divide by the world size, and checks:
 
 1. it runs: no exception, deadlock or unreceived message (a rank that skips
-   the sync leaves its neighbours waiting);
+   the sync leaves its neighbours waiting); the messages carry float64 (float32
+   rounds the gradients on the way);
 2. the parameters are identical on every rank after training (exactly);
 3. they equal single-process training on the whole batches to |diff| <= 1e-10
    (the AllReduce only changes the order of the additions). A wrong result is
@@ -132,6 +133,13 @@ def check(program, case, backend="sim"):
             failure.hint = ("Every rank must join every AllReduce, every step: a rank that skips "
                             "the sync (an `if` on the rank, an early return) leaves its ring "
                             "neighbours waiting. " + (failure.hint or ""))
+        return failure
+    # float32 on the way leaves the parameters off by about 1e-9: name that, not the values.
+    failure = checks.narrow_floats(
+        result, case, check="the gradients travel as float64", carried="the gradients",
+        hint="AllReduce the float64 gradients as they are: no astype on the way (the "
+             "grader compares the parameters with single-process SGD to 1e-10).")
+    if failure:
         return failure
     first = result.outputs[0]
     for r, out in enumerate(result.outputs[1:], 1):

@@ -23,7 +23,10 @@ to, pairs of ranks with nothing between them), fresh random data:
 2. every rank returns a plain float64 (n, d) array equal, to rounding, to the
    same MoE computed here in one process (numpy); a wrong row is explained
    (no gate weighting, outputs put back on the wrong tokens, a dropped token
-   that is not 0, the gates renormalised, a missing expert);
+   that is not 0, the gates renormalised, a missing expert). Before the values,
+   tokens and outputs travel as float64 (float32 on the way rounds y); and a wrong
+   result whose counts are wrong names the counts, its cause (a total instead of
+   one count per expert, rows of gate 0 counted, rows of a small gate left out);
 3. the messages, read from the recorded payloads (the tokens are random, so
    each row is known by its values): from every rank s to every rank d != s,
    first a **counts** message, the integers saying how many of s's rows go to
@@ -48,6 +51,7 @@ from collections import Counter
 
 import numpy as np
 
+from ..kit import checks
 from ..kit.driver import callable_learner
 from ..kit.frames import without_grader_frames
 from ..kit.report import Case, Failure, numbers
@@ -164,8 +168,15 @@ def check(program, case, backend="sim"):
                             "(dispatch), and its output back (combine).")
         return failure
     outputs = [out[0] for out in result.outputs]
-    return (_returned(outputs, case) or _values(outputs, case) or messages(result, case)
-            or _computed([out[1] for out in result.outputs], case))
+    failure = _returned(outputs, case) or _wire(result, case)
+    if failure:
+        return failure
+    wrong = _values(outputs, case)
+    if wrong:
+        # Counts that do not say how many rows go to each expert make the receiver split
+        # what arrives wrongly: that message is the cause of the wrong result.
+        return _all_counts(result, case, Plan(case), _sent(result)) or wrong
+    return messages(result, case) or _computed([out[1] for out in result.outputs], case)
 
 
 # -- 2. the result ------------------------------------------------------------------------
@@ -196,11 +207,13 @@ def _values(outputs, case):
         bad = np.flatnonzero(~(np.abs(out - want) <= TOL * (1 + np.abs(want))).all(axis=1))
         if not len(bad):
             continue
-        # The explanation most wrong tokens share (a dropped assignment can make two
-        # mistakes look alike on one token), shown on the first token it explains.
-        said = [(int(t), *_explain(case, r, int(t), out[t], want[t])) for t in bad[:12]]
-        hints = [h for _, _, h in said]
-        t, words, hint = next(x for x in said if x[2] == max(hints, key=hints.count))
+        # The explanation most wrong tokens share, shown on the first token it explains.
+        # A token may fit several (with one expert left after a drop, the gates
+        # renormalised and no gates at all give the same row): it counts for each.
+        said = [(int(t), _explanations(case, r, int(t), out[t], want[t])) for t in bad[:12]]
+        votes = Counter(h for _, found in said for h in {h for _, h in found})
+        t, words, hint = max(((t, w, h) for t, found in said for w, h in found),
+                             key=lambda x: votes[x[2]])
         return Failure(case.label, "every rank returns y = sum_i gates[t, i] * expert_i(x_t)",
                        f"rank {r}: {len(bad)} of {len(out)} tokens wrong, the first token "
                        f"{t}: {words}",
@@ -213,8 +226,9 @@ def _same(a, got):
     return np.allclose(a, got, rtol=1e-9, atol=1e-12)
 
 
-def _explain(case, r, t, got, want):
-    """(what token t's wrong row is, what to try)."""
+def _explanations(case, r, t, got, want):
+    """[(what token t's wrong row is, what to try)], each one that fits, most specific
+    first; at least one."""
     x, gates = case.inputs[r][0], case.inputs[r][1]
     w1, w2 = case.info["experts"]
     mine = np.flatnonzero(gates[t])
@@ -224,32 +238,34 @@ def _explain(case, r, t, got, want):
         why = (f"its assignments to experts {', '.join(map(str, dropped))} were all dropped "
                f"by capacity" if dropped else "it goes to no expert")
         if _same(x[t], got):
-            return (f"{why}, and it got the token itself",
-                    "A token that every expert dropped gets 0 from this layer (in a "
-                    "transformer the residual connection carries it past): do not fill it in.")
-        return (f"{why} (all its gates are 0), so its output is 0",
-                "Send a token only to the experts whose gate is nonzero, and leave the rows "
-                "of tokens that go nowhere at 0.")
-    total = gates[t, mine].sum()
+            return [(f"{why}, and it got the token itself",
+                     "A token that every expert dropped gets 0 from this layer (in a "
+                     "transformer the residual connection carries it past): do not fill it "
+                     "in.")]
+        return [(f"{why} (all its gates are 0), so its output is 0",
+                 "Send a token only to the experts whose gate is nonzero, and leave the rows "
+                 "of tokens that go nowhere at 0.")]
+    found, total = [], gates[t, mine].sum()
     if (dropped and not np.isclose(total, 1)
             and _same(sum(gates[t, i] / total * outs[i] for i in mine), got)):
-        return (f"the gates renormalised over the experts it reached (its assignment to "
-                f"expert {dropped[0]} was dropped by capacity)",
-                "Use the gates as they are: a dropped assignment's gate is 0 and the others "
-                "keep theirs (nothing is renormalised).")
+        found.append((f"the gates renormalised over the experts it reached (its assignment "
+                      f"to expert {dropped[0]} was dropped by capacity)",
+                      "Use the gates as they are: a dropped assignment's gate is 0 and the "
+                      "others keep theirs (nothing is renormalised)."))
     if _same(sum(outs.values()), got):
-        return ("the experts' outputs summed without their gates",
-                "Weight each expert's output by the token's gate for that expert: "
-                "y[t] += gates[t, i] * out_i[t]. (The gates are the router's weights.)")
+        found.append(("the experts' outputs summed without their gates",
+                      "Weight each expert's output by the token's gate for that expert: "
+                      "y[t] += gates[t, i] * out_i[t]. (The gates are the router's weights.)"))
     for i in mine:
         if _same(want - gates[t, i] * outs[i], got):
             owner = i // case.info["per"]
             own = " (one of this rank's own experts: its rows never travel, but count)" \
                 if owner == r else ""
-            return (f"it lacks expert {i}'s share, on rank {owner}{own}",
-                    f"Every expert with a nonzero gate adds gates[t, i] * out_i[t]; expert "
-                    f"{i}'s output for this token never reached y.")
-    return _mixed_up(case, r, t, got, mine)
+            found.append((f"it lacks expert {i}'s share, on rank {owner}{own}",
+                          f"Every expert with a nonzero gate adds gates[t, i] * out_i[t]; "
+                          f"expert {i}'s output for this token never reached y."))
+            break
+    return found or [_mixed_up(case, r, t, got, mine)]
 
 
 def _mixed_up(case, r, t, got, mine):
@@ -294,7 +310,7 @@ class Plan:
         self.outputs = [[[expert_rows(w1[i], w2[i], self.x[d][t])
                           for i in self.owned(s) for t in np.flatnonzero(gates[d][:, i])]
                          for d in range(e)] for s in range(e)]
-        self.gates = gates
+        self.gates, self.dropped = gates, case.info["dropped"]
 
     def owned(self, d):
         """Rank d's experts: ``expert_parallel.experts_of``, the layout of the part."""
@@ -305,14 +321,9 @@ def messages(result, case):
     """Check 3: per ordered pair of ranks, the counts, then the tokens and the outputs."""
     if result.payloads is None:
         return None
-    plan, e = Plan(case), case.world_size
-    sent = {}
-    for ev in sorted(result.trace, key=lambda ev: (ev.step, ev.seq)):
-        sent.setdefault((ev.src, ev.dst), []).append(ev)
+    plan, e, sent = Plan(case), case.world_size, _sent(result)
     pairs = [(s, d) for s in range(e) for d in range(e) if s != d]
-    failure = _broadcast(result, case, plan)
-    for s, d in pairs:
-        failure = failure or _counts(result, case, plan, s, d, sent.get((s, d), []))
+    failure = _broadcast(result, case, plan) or _all_counts(result, case, plan, sent)
     if failure:
         return failure
     later = sorted((ev for s, d in pairs for ev in sent[s, d][1:]), key=lambda ev: ev.step)
@@ -324,6 +335,60 @@ def messages(result, case):
     return next((_missing(case, plan, s, d, kind) for s, d in pairs
                  for kind, rows in (("tokens", plan.tokens[s][d]), ("outputs", plan.outputs[s][d]))
                  if len(rows) and (s, d, kind) not in used), None)
+
+
+def _sent(result):
+    """{(s, d): the messages from rank s to rank d, in the order they were sent}."""
+    sent = {}
+    for ev in sorted(result.trace, key=lambda ev: (ev.step, ev.seq)):
+        sent.setdefault((ev.src, ev.dst), []).append(ev)
+    return sent
+
+
+def _all_counts(result, case, plan, sent):
+    """The first pair of ranks whose first message is not the counts, or None."""
+    if result.payloads is None:
+        return None
+    e = case.world_size
+    return next((f for s in range(e) for d in range(e) if s != d
+                 for f in [_counts(result, case, plan, s, d, sent.get((s, d), []))] if f), None)
+
+
+def _wire(result, case):
+    """Tokens and outputs travel as float64 (the counts, a pair's first message of whole
+    numbers, may be of any type): float32 on the way rounds y to about 1e-7."""
+    if result.payloads is None:
+        return None
+    plan, sent = Plan(case), _sent(result)
+    rows = sorted((ev for events in sent.values() for j, ev in enumerate(events)
+                   if j or not _whole(result.payload(ev))), key=lambda ev: (ev.step, ev.seq))
+    for ev in rows:
+        failure = checks.narrow_floats(
+            result, case, events=[ev], check="tokens and outputs travel as float64",
+            carried=_rows_carried(plan, ev.src, ev.dst, result.payload(ev)),
+            hint="Send the float64 arrays as they are, the tokens there and the experts' "
+                 "outputs back: no astype on the way (the grader compares y to 1e-10).")
+        if failure:
+            return failure
+    return None
+
+
+def _whole(p):
+    return isinstance(p, np.ndarray) and p.dtype.kind in "iuf" and np.array_equal(p, np.round(p))
+
+
+def _rows_carried(plan, s, d, p):
+    """What the rows from s to d are, to a float32's rounding: for a report."""
+    width = plan.x[s].shape[1]
+    tokens = plan.x[s][plan.tokens[s][d]]
+    outputs = np.array(plan.outputs[s][d]).reshape(-1, width)
+    for want, words in ((tokens, f"its tokens for rank {d}'s experts"),
+                        (outputs, f"its experts' outputs for rank {d}'s tokens")):
+        if p.ndim == 2 and p.shape[1] == width and len(want) and len(p):
+            near = np.abs(p[:, None, :] - want[None]).max(axis=2)
+            if (near.min(axis=1) <= 1e-5 * (1 + np.abs(want).max())).all():
+                return words
+    return "rows"
 
 
 def _counts(result, case, plan, s, d, events):
@@ -351,8 +416,16 @@ def _counts(result, case, plan, s, d, events):
                        hint="A token over its expert's capacity is dropped: its gate for that "
                             "expert is 0. Route by the nonzero gates, not by the k largest "
                             "(np.argsort): a dropped token does not travel, nor is it counted.")
+    failure = _miscounted(result, case, plan, s, d, events, p, want, every)
+    if failure:
+        return failure
     array = isinstance(p, np.ndarray)
-    if array and p.dtype.kind == "f" and p.ndim == 2 and p.shape[1] == width \
+    if array and p.size == 1 and len(want) > 1 and p.item() == want.sum():
+        what = (f"one number, {numbers(p.reshape(-1))[1:-1]} (shape {p.shape}): the total "
+                f"of its rows for rank {d}, not one count per expert of rank {d} "
+                f"(experts {', '.join(map(str, mine))}), so rank {d} cannot split what arrives by "
+                f"expert")
+    elif array and p.dtype.kind == "f" and p.ndim == 2 and p.shape[1] == width \
             and len(p) and not np.array_equal(p, np.round(p)):
         what = (f"rows (shape {p.shape}) before any counts: the counts exchange was "
                 f"skipped")
@@ -393,6 +466,57 @@ def _broadcast(result, case, plan):
                            expected=f"rank {s}'s tokens {tokens[d]} only, after the counts",
                            got=f"shape {p.shape}: {numbers(p)}", hint=BROADCAST_HINT)
     return None
+
+
+def _miscounted(result, case, plan, s, d, events, p, want, every):
+    """A Failure if the counts ``p`` from s to d are whole numbers, all at least or all
+    at most the right ones: rows of gate 0 counted (routing by np.argsort), or rows of
+    a nonzero gate left out (a threshold), named by a token so sent or not sent."""
+    if not isinstance(p, np.ndarray) or p.dtype.kind not in "iuf":
+        return None
+    flat, mine = p.reshape(-1), plan.owned(d)
+    ref = want if len(flat) == len(want) else every if len(flat) == len(every) else None
+    if ref is None or np.array_equal(flat, ref) or not np.array_equal(flat, np.round(flat)):
+        return None
+    over, under = (flat >= ref).all(), (flat <= ref).all()
+    if not (over or under):
+        return None
+    # The tokens message (after the counts): which rows it holds too many or too few of.
+    ids = next(([_token_of(row, plan.x[s]) for row in q] for q in map(result.payload, events[1:])
+                if type(q) is np.ndarray and q.ndim == 2 and q.shape[1:] == plan.x[s].shape[1:]
+                and len(q)), [])
+    ids = [] if None in ids else ids
+    which = (f"rank {d}'s experts {', '.join(map(str, mine))}" if ref is want else
+             "each expert")
+    what = (f"at step {events[0].step} rank {s} told rank {d} the counts {numbers(p, 8)} for "
+            f"{which}, but {ref.tolist()} of its rows have a nonzero gate for them")
+    check = "a token goes to exactly the experts of its nonzero gates"
+    if over:
+        extra = _minus(ids, plan.tokens[s][d])
+        if extra:
+            u = extra[0]
+            lost = [i for t, i in plan.dropped[s] if t == u]
+            goes = [int(i) for i in np.flatnonzero(plan.gates[s][u])]
+            what += (f": it sent token {u} there, which goes to "
+                     + (f"expert(s) {goes} only" if goes else "no expert")
+                     + (f" (its assignments to experts {', '.join(map(str, lost))} were "
+                        f"dropped by the capacity)" if lost else ""))
+            check = "dropped tokens are not sent" if lost else check
+        hint = ("Route by the nonzero gates, not by the k largest (np.argsort): a gate of 0 "
+                "(an expert not among the token's top k, or an assignment dropped by the "
+                "capacity) means the token does not go to that expert: it is neither counted "
+                "nor sent.")
+    else:
+        missing = _minus(plan.tokens[s][d], ids)
+        if missing:
+            u = missing[0]
+            gate, i = min((plan.gates[s][u, i], int(i)) for i in mine if plan.gates[s][u, i])
+            what += (f": it did not send token {u} there, whose gate for expert {i} is "
+                     f"{gate:.3g}, nonzero")
+        hint = ("Every expert with gates[t, i] != 0 gets token t, however small the gate (top "
+                "k and the capacity are already applied to the gates): route by gates != 0.")
+    return Failure(case.label, check, what, got=f"{numbers(p, 8)}", hint=hint,
+                   expected=f"rank {s}'s counts for {which}: {ref.tolist()}")
 
 
 def _is_counts(p, want, every):

@@ -175,6 +175,38 @@ def total_bytes(trace, case, want, *, expected, hint):
 
 # -- what messages carry ------------------------------------------------------------
 
+def narrow_floats(result, case, *, check, carried, hint, events=None, who="rank {}".format):
+    """The first message (of ``events``, else the whole trace, in step order) that
+    carries floats narrower than float64, as a Failure; None if there is none.
+    float32 on the way rounds ``carried`` ("the gradients") to about 1e-7 of their
+    size: a result wrong by that much, which no mistake in the formula explains, so
+    graders check this before the values. ``who(rank)`` names a rank ("the server").
+
+        >>> from ringlab import run
+        >>> from ringlab.grading.kit.report import Case
+        >>> res = run(lambda comm, x: comm.sendrecv(x.astype(np.float32), 1 - comm.rank,
+        ...                                          1 - comm.rank), [np.ones(3)] * 2,
+        ...           record_payloads=True)
+        >>> narrow_floats(res, Case(2, [], "2 ranks"), check="messages carry float64",
+        ...               carried="the gradients", hint="No astype on the way.").what
+        'at step 1 rank 0 sent the gradients to rank 1 as float32: float32 rounds the values...'
+    """
+    for e in (sorted(result.trace, key=lambda e: (e.step, e.seq)) if events is None
+              else events):
+        p = result.payload(e)
+        # (an empty array rounds nothing: a STOP, an empty block)
+        if (isinstance(p, np.ndarray) and p.dtype.kind == "f" and p.dtype.itemsize < 8
+                and p.size):
+            return Failure(
+                case.label, check,
+                f"at step {e.step} {who(e.src)} sent {carried} to {who(e.dst)} as {p.dtype}: "
+                f"{p.dtype} rounds the values on the way, to about "
+                f"{np.finfo(p.dtype).eps:.0e} of their size",
+                expected=f"{carried} as float64, as they were computed",
+                got=f"dtype {p.dtype}, shape {p.shape}", hint=hint)
+    return None
+
+
 def _ranks(rs):
     rs = list(rs)
     return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
