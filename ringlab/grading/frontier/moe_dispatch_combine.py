@@ -202,24 +202,29 @@ def _returned(outputs, case):
 
 
 def _values(outputs, case):
-    for r, (out, want) in enumerate(zip(outputs, expected(case))):
-        # "not within", so that a NaN (every comparison False) is wrong too
-        bad = np.flatnonzero(~(np.abs(out - want) <= TOL * (1 + np.abs(want))).all(axis=1))
-        if not len(bad):
-            continue
-        # The explanation most wrong tokens share, shown on the first token it explains.
-        # A token may fit several (with one expert left after a drop, the gates
-        # renormalised and no gates at all give the same row): it counts for each.
-        said = [(int(t), _explanations(case, r, int(t), out[t], want[t])) for t in bad[:12]]
-        votes = Counter(h for _, found in said for h in {h for _, h in found})
-        t, words, hint = max(((t, w, h) for t, found in said for w, h in found),
-                             key=lambda x: votes[x[2]])
-        return Failure(case.label, "every rank returns y = sum_i gates[t, i] * expert_i(x_t)",
-                       f"rank {r}: {len(bad)} of {len(out)} tokens wrong, the first token "
-                       f"{t}: {words}",
-                       expected=f"token {t}: {numbers(want[t])}", got=numbers(out[t]),
-                       hint=hint)
-    return None
+    wrong = [(r, out, want, _wrong_rows(out, want))
+             for r, (out, want) in enumerate(zip(outputs, expected(case)))]
+    wrong = [w for w in wrong if len(w[3])]
+    if not wrong:
+        return None
+    # The explanation most wrong tokens share, shown on the first token it explains. A
+    # token may fit several (with one expert left after a drop, the gates renormalised
+    # and no gates at all give the same row): it counts for each, on every rank.
+    said = [[(int(t), _explanations(case, r, int(t), out[t], want[t])) for t in bad[:12]]
+            for r, out, want, bad in wrong]
+    votes = Counter(h for rank in said for _, found in rank for h in {h for _, h in found})
+    t, words, hint = max(((t, w, h) for t, found in said[0] for w, h in found),
+                         key=lambda x: votes[x[2]])
+    r, out, want, bad = wrong[0]
+    return Failure(case.label, "every rank returns y = sum_i gates[t, i] * expert_i(x_t)",
+                   f"rank {r}: {len(bad)} of {len(out)} tokens wrong, the first token "
+                   f"{t}: {words}",
+                   expected=f"token {t}: {numbers(want[t])}", got=numbers(out[t]), hint=hint)
+
+
+def _wrong_rows(out, want):
+    # "not within", so that a NaN (every comparison False) is wrong too
+    return np.flatnonzero(~(np.abs(out - want) <= TOL * (1 + np.abs(want))).all(axis=1))
 
 
 def _same(a, got):
