@@ -2,6 +2,7 @@
 check that names its mistake, cheats fail, and the self-check and ``ringlab grade``'s
 isolated ranks agree (programs in tests/programs/moe.py)."""
 
+import sys
 import types
 
 import cloudpickle
@@ -17,6 +18,8 @@ from ringlab.grading.trusted import banned_answers, reference_in
 from ringlab.nn import MoE
 
 import programs.moe as P
+from programs.reports import assert_fails
+from ringlab.collectives import alltoall
 
 ID = "moe_dispatch_combine"
 RIGHT = [P.reference, P.solution, P.empty_blocks_too, P.tokens_in_reverse, P.all_counts,
@@ -199,3 +202,104 @@ def test_each_wrong_token_message_gets_its_own_report():
     assert check([0, 1, 2, 3]).check == "dropped tokens are not sent"       # the named cause
     assert check([0]).check == "one message of tokens per pair of ranks"
     assert "token 2 is not in it" in check([0]).what
+
+
+# -- a red team's wrong programs whose first reason named another cause (written anew) ---
+
+def _gates_ignored(comm, tokens, gates, expert):
+    """Adds the experts' outputs without their gates. A token left with one expert after
+    a drop looks the same as with its gates renormalised: the other tokens decide."""
+    return P._moe(comm, tokens, gates, expert, gated=False)
+
+
+def _largest_k(comm, tokens, gates, expert):
+    """Routes each token to its k largest gates, the last expert first among equal ones:
+    where a drop left fewer than k nonzero gates, an expert of gate 0 gets it too."""
+    k = int((gates != 0).sum(axis=1).max(initial=1))
+    top = np.argsort(gates, axis=1, kind="stable")[:, ::-1][:, :k]
+    return P._moe(comm, tokens, gates, expert,
+                  route=lambda g: [np.flatnonzero((top == i).any(axis=1)) for i in range(g.shape[1])])
+
+
+def _small_gates_skipped(comm, tokens, gates, expert):
+    """Sends a token only to the experts whose gate is above 0.2."""
+    return P._moe(comm, tokens, gates, expert,
+                  route=lambda g: [np.flatnonzero(g[:, i] > 0.2) for i in range(g.shape[1])])
+
+
+def _totals_only(comm, tokens, gates, expert):
+    """Tells each rank only how many rows come in all (a 0-d array), and splits what
+    arrives evenly over the experts."""
+    e, me, E = comm.world_size, comm.rank, gates.shape[1]
+    per = E // e
+    rows = [np.flatnonzero(gates[:, i]) for i in range(E)]
+    mine = [range(d * per, (d + 1) * per) for d in range(e)]
+    sizes = [sum(len(rows[i]) for i in m) for m in mine]
+    got = [int(n) for n in alltoall(comm, [np.array(n) for n in sizes])]     # BUG: totals
+    guess = [np.array_split(np.arange(n), per) for n in got]
+    blocks = [np.concatenate([tokens[rows[i]] for i in m]) for m in mine]
+    arrived = P._exchange(comm, blocks, got)
+    back = [[] for _ in range(e)]
+    for j, i in enumerate(mine[me]):
+        parts = [arrived[s][guess[s][j]] for s in range(e)]
+        out = expert(i, np.concatenate(parts))
+        for s, part in enumerate(np.split(out, np.cumsum([len(p) for p in parts])[:-1])):
+            back[s].append(part)
+    returned = P._exchange(comm, [np.concatenate(b) for b in back], sizes)
+    y = np.zeros_like(tokens)
+    for d, m in enumerate(mine):
+        for i, part in zip(m, np.split(returned[d], np.cumsum([len(rows[i]) for i in m])[:-1])):
+            y[rows[i]] += gates[rows[i], i][:, None] * part
+    return y
+
+
+def _outputs_in_float32(comm, tokens, gates, expert):
+    """The experts' outputs made float32: they travel back rounded."""
+    return P._moe(comm, tokens, gates, lambda i, x: expert(i, x).astype(np.float32))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_no_gates_is_named_even_where_a_rank_s_tokens_all_fit_renormalised_gates_too(seed):
+    """(Seeds 1, 4, 7, 8, ... said "renormalised" before: with one expert left a
+    token's renormalised gate is 1.) Renormalised gates are still named as such."""
+    assert_fails(ringlab.grade(ID, _gates_ignored, seed=seed, log=False), VALUES,
+                 ["the experts' outputs summed without their gates", "y[t] += gates[t, i]"],
+                 absent=["renormalised"])
+    assert_fails(ringlab.grade(ID, P.renormalised, seed=seed, log=False), VALUES,
+                 ["the gates renormalised over the experts it reached"])
+
+
+@pytest.mark.parametrize("program, check, phrases", [
+    (_largest_k, "dropped tokens are not sent",
+     ["rank 0 told rank 3 the counts [1, 3] for rank 3's experts 6, 7, but [0, 0] of its "
+      "rows have a nonzero gate for them: it sent token 3 there, which goes to no expert "
+      "(its assignments to experts 3, 4 were dropped by the capacity)",
+      "not by the k largest"]),
+    (_small_gates_skipped, "a token goes to exactly the experts of its nonzero gates",
+     ["rank 0 told rank 2 the counts [1, 0] for rank 2's experts 4, 5, but [2, 0] of its "
+      "rows have a nonzero gate for them: it did not send token 1 there, whose gate for "
+      "expert 4 is 0.185, nonzero", "route by gates != 0"]),
+    (_totals_only, "a counts exchange first",
+     ["rank 0's first message to rank 1 carries one number, 4 (shape ()): the total of its "
+      "rows for rank 1, not one count per expert of rank 1 (experts 2, 3)",
+      "cannot split what arrives"]),
+    (_outputs_in_float32, "tokens and outputs travel as float64",
+     ["at step 6 rank 0 sent its experts' outputs for rank 1's tokens to rank 1 as float32: "
+      "float32 rounds the values on the way, to about 1e-07 of their size", "no astype"]),
+], ids=["largest_k", "small_gates_skipped", "totals_only", "outputs_in_float32"])
+def test_a_wrong_message_is_named_before_the_result_it_spoils(program, check, phrases):
+    assert_fails(ringlab.grade(ID, program, seed=0, log=False), check, phrases)
+
+
+def test_isolated_ranks_name_the_float32_outputs_as_the_self_check_does():
+    """``ringlab grade``'s isolated ranks give the same first reason as in process."""
+    cloudpickle.register_pickle_by_value(P)
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        report = _isolated(_outputs_in_float32, picks=(0,))
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        cloudpickle.unregister_pickle_by_value(P)
+    same = ringlab.grade(ID, _outputs_in_float32, seed=0, log=False).failure
+    assert report.failure.check == same.check == "tokens and outputs travel as float64"
+    assert report.failure.what == same.what
