@@ -324,6 +324,18 @@ WRONG = {
         variant("        params -= task.lr * grad ",
                 "        comm.compute(0.01, 'apply')\n        params -= task.lr * grad "),
         "the server never idles", ["could send worker", "but they left at"]),
+    "float32 parameters": (
+        variant("comm.send(params, w, op=\"copy\")",
+                "comm.send(params.astype(np.float32), w, op=\"copy\")"),
+        "parameters and gradients travel as float64",
+        ["at step 1 the server sent the parameters to worker 1 as float32: float32 rounds the "
+         "values on the way, to about 1e-07 of their size", "no astype on the way"]),
+    "float32 gradients": (
+        variant("comm.send(grad, 0, op=\"apply\")",
+                "comm.send(grad.astype(np.float16), 0, op=\"apply\")", fn=ps.ps_worker),
+        "parameters and gradients travel as float64",
+        ["sent its gradient to the server as float16: float16 rounds the values on the way, "
+         "to about 1e-03 of their size"]),
     "replies before applying": (
         with_server(reply_first),
         "the server sends the current parameters", ["without its own gradient"]),
