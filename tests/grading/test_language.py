@@ -106,6 +106,16 @@ def test_a_field_stops_at_the_end_of_its_line():
     assert say(text, "en") is text
 
 
+def test_a_field_holds_a_bracketed_value_whole():
+    """"model {}, {}" over "model [5, 7, 2], sgd" once split inside the brackets ("模型
+    [5，7, 2], sgd"): a field ends after a whole [...] where the template allows it."""
+    assert say("world_size=4, global batch=8, model [5, 7, 2], sgd", "zh") == \
+        "world_size=4，全局批次=8，模型 [5, 7, 2]，sgd"
+    # a text with a lone bracket still finds its template
+    assert say("world_size=4, global batch=8, model [5, 7, sgd", "zh").startswith(
+        "world_size=4，全局批次=8，模型 [5")
+
+
 def test_clauses_and_sentences_are_said_one_by_one():
     """A field between fixed words holds neither a "; " nor a sentence's end: a text of
     several clauses or sentences is said piece by piece, each with its own template."""

@@ -110,7 +110,7 @@ def _by_template(text, depth):
     for pieces, pattern, chinese in _templates():
         if not _in_order(pieces, text):      # cheap, and no regex backtracks over a text
             continue                          # that lacks the template's fixed words
-        found = pattern.fullmatch(text)
+        found = next(filter(None, (p.fullmatch(text) for p in pattern)), None)
         # A field holding the template's own words again is two texts made into one
         # ("rank {} waits for rank {}" over "rank 1 waits for rank 2; rank 2 waits for
         # rank 1"): each is said on its own instead.
@@ -146,22 +146,32 @@ def _templates():
         edges = {0} if parts and not parts[0][0] else set()
         edges |= {len(parts) - 1} if parts and parts[-1][1] is not None else set()
         sentences = bool(SENTENCE_END.search(english.replace("{}", "X.")))
-        regex = "".join(re.escape(literal) + ("" if field is None else _field(
-            i in edges, sentences, glued=not literal[-1:].isspace()))
-            for i, (literal, field, *_) in enumerate(parts))
+        regexes = ["".join(re.escape(literal) + ("" if field is None else _field(
+            i in edges, sentences, glued=not literal[-1:].isspace(), balanced=balanced))
+            for i, (literal, field, *_) in enumerate(parts)) for balanced in (True, False)]
         pieces = [literal for literal, *_ in parts if literal]
         # A field does not run past the end of a line unless the template has several lines:
         # else "... {}" would swallow the lines after it and leave them English.
         flags = re.DOTALL if "\n" in english else 0
-        compiled.append((len(fixed), pieces, re.compile(regex, flags), chinese))
+        patterns = [re.compile(regex, flags) for regex in regexes]
+        compiled.append((len(fixed), pieces, patterns, chinese))
     compiled.sort(key=lambda t: -t[0])
     return [(pieces, pattern, chinese) for _, pieces, pattern, chinese in compiled]
 
 
-def _field(at_an_edge, sentences, glued):
+# One character of a field, or a whole [...] group: a field tried "balanced" first does
+# not end inside brackets ("model {}, {}" over "model [5, 7, 2], sgd" splits after "]").
+BRACKETS = r"\[(?:(?![\[\]]).)*\]|"
+
+
+def _field(at_an_edge, sentences, glued, balanced=False):
     """The regex of one ``{}``: any text, lazily, but within limits (see _templates). A
     field glued to what comes before it ("node{}", "({}){}") may be empty: a plural's
-    "s", or an optional note the grader adds."""
+    "s", or an optional note the grader adds. ``balanced``: [...] is taken whole and no
+    other bracket is, so the field holds whole bracketed values."""
     stops = ([] if at_an_edge else ["; "]) + ([] if sentences else [r"[.?]\s+[A-Z(]"])
     count = "*?" if glued else "+?"
-    return f"((?:(?!{'|'.join(stops)}).){count})" if stops else f"(.{count})"
+    char = r"(?![\[\]])." if balanced else "."
+    if stops:
+        char = f"(?!{'|'.join(stops)}){char}"
+    return f"((?:{BRACKETS if balanced else ''}{char}){count})"
