@@ -16,8 +16,8 @@ already), as the tests do (tests/conftest.py). The chapters' matrices are small,
 beside the unit tests OpenBLAS's thread per core fights them for the two cores (a
 64 x 512 by 512 x 512 product took 15 to 100 ms instead of 1 on a loaded machine;
 ddp_buckets.md took 100 s in CI). Set here, before any kernel starts: each kernel
-inherits the build's environment. A product may differ in its last bits from a 2-thread one; the chapters
-show the same outputs (rounded numbers, figures, players).
+inherits the build's environment. A product may differ in its last bits from a 2-thread
+one; the chapters show the same outputs (rounded numbers, figures, players).
 """
 import functools
 import os
