@@ -164,8 +164,21 @@ def _chinese_notebooks(app, doctree):
                 node["reftarget"] = twin.as_posix()
 
 
+def _page_document(app, doctree):
+    """Sphinx translates a message by parsing it as a document of its own, and the
+    translated nodes keep a link to that document (``node._document``), whose settings
+    hold the whole build environment: pickled with the page, a Chinese doctree was ten
+    times its English one (the glossary's 2.8 MB against 0.3), and Sphinx loads pages'
+    doctrees again and again (figure numbers, each {numref}). Unlinked, a node's
+    document is its page's (docutils: ``node._document or node.parent.document``)."""
+    for node in doctree.findall():
+        if node._document not in (None, doctree):
+            node._document = None
+
+
 def setup(app):
     app.connect("config-inited", _add_switch)
+    app.connect("doctree-read", _page_document)
     app.connect("html-page-context", _switch_link)
     app.connect("doctree-read", _chinese_notebooks, priority=400)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -10,8 +10,17 @@ folder of this build's own, so no other process can take it.
 myst-nb runs each chapter through jupyter-cache's ``single_nb_execution``, which calls
 ``nbclient.execute`` with no way to configure the kernel; the wrapper below adds the
 configuration that call accepts. Grading does the same (ringlab/grading/trusted.py).
+
+The kernels also get one OpenBLAS thread each (``OPENBLAS_NUM_THREADS=1``, unless set
+already), as the tests do (tests/conftest.py). The chapters' matrices are small, and
+beside the unit tests OpenBLAS's thread per core fights them for the two cores (a
+64 x 512 by 512 x 512 product took 15 to 100 ms instead of 1 on a loaded machine;
+ddp_buckets.md took 100 s in CI). Set here, before any kernel starts: each kernel
+inherits the build's environment. A product may differ in its last bits from a 2-thread
+one; the chapters show the same outputs (rounded numbers, figures, players).
 """
 import functools
+import os
 import tempfile
 from pathlib import Path
 
@@ -29,6 +38,7 @@ def ipc_config(folder):
 
 
 def setup(app):
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")     # read as a kernel's numpy loads
     execute = utils.executenb
     if not getattr(execute, "ringlab_ipc", False):     # Sphinx may call setup twice
         @functools.wraps(execute)

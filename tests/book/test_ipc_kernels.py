@@ -6,6 +6,7 @@ unit tests beside the build. These tests run a chapter's way: through jupyter-ca
 ``single_nb_execution``, as myst-nb does, once the extension is set up.
 """
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,10 @@ class App:
 
 @pytest.fixture
 def extension(monkeypatch):
+    return set_up(monkeypatch)
+
+
+def set_up(monkeypatch):
     monkeypatch.setattr(utils, "executenb", utils.executenb)     # undone after the test
     spec = importlib.util.spec_from_file_location("ipc_kernels", ROOT / "book/_ext/ipc_kernels.py")
     module = importlib.util.module_from_spec(spec)
@@ -35,8 +40,8 @@ def extension(monkeypatch):
     return module
 
 
-def kernel_says(tmp_path):
-    nb = new_notebook(cells=[new_code_cell(ASK)],
+def kernel_says(tmp_path, code=ASK):
+    nb = new_notebook(cells=[new_code_cell(code)],
                       metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}})
     result = utils.single_nb_execution(nb, cwd=str(tmp_path), timeout=60, allow_errors=False)
     assert result.err is None, result.exc_string
@@ -59,3 +64,19 @@ def test_without_the_extension_the_kernel_would_use_tcp(tmp_path):
     by the default alone)."""
     transport, _ = kernel_says(tmp_path)
     assert transport == "tcp"
+
+
+def test_a_chapter_kernel_gets_one_openblas_thread(monkeypatch, tmp_path):
+    """The chapters' small products are slower with a BLAS thread per core on a
+    loaded machine (the extension's docstring). tests/conftest.py sets the variable
+    for the tests themselves: removed here (and put back after the test)."""
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
+    set_up(monkeypatch)
+    ask = "import os, numpy\nprint(os.environ.get('OPENBLAS_NUM_THREADS'))"
+    assert kernel_says(tmp_path, ask) == ["1"]
+
+
+def test_an_openblas_setting_of_ones_own_is_kept(monkeypatch):
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+    set_up(monkeypatch)
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "2"

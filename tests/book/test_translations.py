@@ -121,3 +121,31 @@ def test_coverage_counts_changed_or_fuzzy_text_as_untranslated(tmp_path, monkeyp
     assert editions.check({"book/x": (20, 19, 0)}, untranslated={"book/x"}) == [
         "book/x: 95% translated: remove it from UNTRANSLATED"]
     assert editions.check({"book/x": (20, 19, 0)}, untranslated=set()) == []
+
+
+def test_a_translated_node_is_pickled_with_its_page_only():
+    """Sphinx parses each translated message as a document of its own, whose settings
+    hold the whole environment; a node linked to it carried all of it into its page's
+    pickled doctree (editions._page_document unlinks it)."""
+    import copy
+    import pickle
+    from docutils import nodes
+    from docutils.frontend import get_default_settings
+    from docutils.parsers.rst import Parser
+    from docutils.utils import new_document
+
+    settings = get_default_settings(Parser)
+    page, message = new_document("page", settings), new_document("message", settings)
+    message.settings = copy.copy(settings)
+    message.settings.env = list(range(100_000))     # a stand-in for the environment
+    para = nodes.paragraph()
+    page += para
+    para += nodes.Text("translated")
+    text = nodes.literal("", "code")
+    para += text
+    text.document = message                     # what the translation leaves behind
+    before = len(pickle.dumps(page))
+    editions._page_document(None, page)
+    assert text.document is page and para.document is page
+    assert len(pickle.dumps(page)) < before / 10
+    assert "code" in page.astext()
