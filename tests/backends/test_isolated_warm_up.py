@@ -43,3 +43,14 @@ def test_only_a_case_that_measures_memory_warms_its_ranks_up(monkeypatch):
         running._RUNNER.reset(token)
     assert asked == [True, False, False]
     assert server.MEASURES_MEMORY.get() is True        # outside a case: every run warms up
+
+
+def test_the_causality_check_s_runs_skip_the_warm_up(monkeypatch):
+    """Its 1 + N runs of a passed case read no memory (causality.py)."""
+    from ringlab.grading.kit import loop
+    asked = []
+    monkeypatch.setattr(loop, "violation", lambda *a, **k: asked.append(
+        server.MEASURES_MEMORY.get()))
+    case = Case(2, [np.ones(2)] * 2, "two ranks")
+    assert loop._causality(None, case, two_products, case.inputs, (), 10.0) is None
+    assert asked == [False] and server.MEASURES_MEMORY.get() is True
