@@ -24,11 +24,12 @@ from . import pipe as wire
 from . import sandbox
 
 
-def rank_main(conn, program_bytes, memory_mb, banned=()):
+def rank_main(conn, program_bytes, memory_mb, banned=(), warm_up=True):
     os.setpgrp()                     # its own process group: the grader kills it and its children
     sandbox.limit(memory_mb)
     sandbox.malloc_returns_memory()
-    sandbox.warm_up()
+    if warm_up:                      # only where the grader reads this process's memory
+        sandbox.warm_up()
     # What a rank prints goes nowhere: the grader's console is the instructor's,
     # and a printed "All test cases passed!" there would be a forgery.
     devnull = os.open(os.devnull, os.O_WRONLY)

@@ -10,6 +10,7 @@ also reads each rank process's resident memory from outside it.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import multiprocessing
 import os
 import signal
@@ -80,10 +81,11 @@ class _RankProcess:
     name by handle. Each object belongs to the stream (the program, or a work)
     that was given it: only that stream's actor may use it."""
 
-    def __init__(self, ctx, rank, program_bytes, memory_mb, deadline, banned=()):
+    def __init__(self, ctx, rank, program_bytes, memory_mb, deadline, banned=(), warm_up=True):
         self.rank, self.deadline = rank, deadline
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=rank_side.rank_main, args=(child, program_bytes, memory_mb, banned),
+        self.process = ctx.Process(target=rank_side.rank_main,
+                                   args=(child, program_bytes, memory_mb, banned, warm_up),
                                    daemon=True, name=f"ringlab-rank-{rank}")
         with _without_main():
             self.process.start()
@@ -358,13 +360,15 @@ def _every_module():
 
 def run_isolated(program, inputs, *, args=(), kwargs=None, mode="buffered", timeout=10.0,
                  check_unreceived=True, record_payloads=False, network=None, memory_mb=512,
-                 backend="sim", banned=()):
+                 backend="sim", banned=(), warm_up=True):
     """``ringlab.run`` with one process per rank (see the module's docstring).
 
     ``program`` is a ``Submission`` (cloudpickle bytes) or a function (pickled
     here, by value). ``timeout`` covers the whole run, process starts included.
     ``banned``: the answers the program must not call (``module:qualname``,
-    see ``ringlab.answers.forbidden``): a call fails the rank.
+    see ``ringlab.answers.forbidden``): a call fails the rank. ``warm_up``: each
+    rank uses BLAS once before its memory is first read (``sandbox.warm_up``);
+    only a run whose resident memory is checked needs it (about 40 ms a rank).
     """
     if backend != "sim":
         raise ValueError("isolated runs use the simulator")
@@ -378,7 +382,7 @@ def run_isolated(program, inputs, *, args=(), kwargs=None, mode="buffered", time
     world = SimWorld(len(inputs), mode, record_payloads, network)
     ranks = []
     try:
-        ranks = [_RankProcess(ctx, r, data, memory_mb, deadline, tuple(banned))
+        ranks = [_RankProcess(ctx, r, data, memory_mb, deadline, tuple(banned), warm_up)
                  for r in range(len(inputs))]
         world.run(lambda comm, x, *a, **kw: ranks[comm.global_rank].serve(comm, x, a, kw),
                   inputs, args, kwargs or {})
@@ -418,6 +422,10 @@ def _result(world, timeout, check_unreceived):
 # ranks: about 1,000 calls) needs longer; an endless loop is still stopped.
 ISOLATED_SLOWDOWN = 3
 
+# False while a grader runs a case that reads no resident memory (``run_case`` sets
+# it from the case's ``info["measure"]``): its ranks skip the warm-up. Unset: warm up.
+MEASURES_MEMORY = contextvars.ContextVar("ringlab_measures_memory", default=True)
+
 
 def runner(memory_mb=512, banned=()):
     """A drop-in for ``ringlab.run`` that runs isolated (``grade_cases(runner=...)``),
@@ -425,5 +433,5 @@ def runner(memory_mb=512, banned=()):
     def run(program, inputs, timeout=10.0, **kw):
         timeout = None if timeout is None else timeout * ISOLATED_SLOWDOWN
         return run_isolated(program, inputs, memory_mb=memory_mb, banned=banned,
-                            timeout=timeout, **kw)
+                            timeout=timeout, warm_up=MEASURES_MEMORY.get(), **kw)
     return run

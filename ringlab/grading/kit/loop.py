@@ -17,6 +17,7 @@ import secrets
 
 import numpy as np
 
+from ...backends.isolated.server import MEASURES_MEMORY
 from . import apart, checks
 from .causality import violation
 from .report import Failure, NotImplementedYet, Report
@@ -128,11 +129,14 @@ def _causality_case(module, cases):
 
 
 def _causality(module, case, program, inputs, args, timeout):
+    token = MEASURES_MEMORY.set(False)      # its runs read no rank's memory: no warm-up
     try:
         found = violation(program, inputs, args, timeout,
                           depends_on_all=getattr(module, "DEPENDS_ON_ALL", False))
     except Exception:  # noqa: BLE001 - the case itself passed; a failing repeat proves nothing
         return None
+    finally:
+        MEASURES_MEMORY.reset(token)
     if found is None:
         return None
     check, what = found

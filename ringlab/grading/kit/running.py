@@ -13,6 +13,7 @@ import copy
 
 import numpy as np
 
+from ...backends.isolated.server import MEASURES_MEMORY
 from ...errors import DeadlockError, ProgramTimeout, RankError, UnreceivedMessagesError
 from ...runner import run
 from . import apart
@@ -54,7 +55,12 @@ def run_case(program, case, backend="sim", **kw):
     if first is not None and not first and backend == "sim" and not kw.get("network"):
         first.append((program, copy.deepcopy(case.inputs), case.args, kw.get("timeout", 10.0)))
     before = case_print(case)       # in the self-check the program could reach the case
-    result, failure = _run_case(program, case, inputs, backend, kw)
+    # Only a case that measures memory reads the rank processes' (``ringlab grade``).
+    token = MEASURES_MEMORY.set(bool(case.info.get("measure")))
+    try:
+        result, failure = _run_case(program, case, inputs, backend, kw)
+    finally:
+        MEASURES_MEMORY.reset(token)
     changed = case_changed(before, case)
     return (None, changed_case(case, changed)) if changed else (result, failure)
 
