@@ -654,12 +654,12 @@ def _reshaped(case, plan, ev, p, used, expected):
                        ("outputs", np.array(plan.outputs[s][d]).reshape(-1, rows.shape[1]))):
         if (s, d, kind) not in used and _same_rows(rows, want, exact=kind == "tokens"):
             return Failure(case.label, "only tokens and their outputs travel, after the counts",
-                           f"at step {ev.step} rank {s} sent rank {d} its {len(rows)} token rows "
+                           f"at step {ev.step} rank {s} sent rank {d} its {len(rows)} token row(s) "
                            f"for rank {d}'s experts as a {p.ndim}-D array of shape {p.shape}: "
                            f"the right rows, but not a 2-D array of shape {rows.shape}"
                            if kind == "tokens" else
                            f"at step {ev.step} rank {s} sent rank {d} its experts' {len(rows)} "
-                           f"output rows for rank {d}'s tokens as a {p.ndim}-D array of shape "
+                           f"output row(s) for rank {d}'s tokens as a {p.ndim}-D array of shape "
                            f"{p.shape}: the right rows, but not a 2-D array of shape "
                            f"{rows.shape}",
                            expected=expected, got=f"shape {p.shape}: {numbers(p)}",
