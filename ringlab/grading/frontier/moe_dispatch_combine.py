@@ -26,7 +26,8 @@ to, pairs of ranks with nothing between them), fresh random data:
    that is not 0, the gates renormalised, a missing expert). Before the values,
    tokens and outputs travel as float64 (float32 on the way rounds y); and a wrong
    result whose counts are wrong names the counts, its cause (a total instead of
-   one count per expert, rows of gate 0 counted, rows of a small gate left out);
+   one count per expert, rows of gate 0 counted, rows of a small gate left out),
+   one whose tokens arrived right names the expert given a token not routed to it;
 3. the messages, read from the recorded payloads (the tokens are random, so
    each row is known by its values): from every rank s to every rank d != s,
    first a **counts** message, the integers saying how many of s's rows go to
@@ -175,7 +176,10 @@ def check(program, case, backend="sim"):
     if wrong:
         # Counts that do not say how many rows go to each expert make the receiver split
         # what arrives wrongly: that message is the cause of the wrong result.
-        return _all_counts(result, case, Plan(case), _sent(result)) or wrong
+        # So do right rows given to the wrong experts, where they arrive.
+        plan, sent = Plan(case), _sent(result)
+        return _all_counts(result, case, plan, sent) or _misapplied(result, case, plan, sent) \
+            or wrong
     return messages(result, case) or _computed([out[1] for out in result.outputs], case)
 
 
@@ -351,12 +355,60 @@ def _sent(result):
 
 
 def _all_counts(result, case, plan, sent):
-    """The first pair of ranks whose first message is not the counts, or None."""
+    """The first pair of ranks whose first message is not the counts, or None; the
+    first whose counts are not all 0 if there is one, so the report shows real ones."""
     if result.payloads is None:
         return None
-    e = case.world_size
-    return next((f for s in range(e) for d in range(e) if s != d
-                 for f in [_counts(result, case, plan, s, d, sent.get((s, d), []))] if f), None)
+    first, e = None, case.world_size
+    for s, d in itertools.permutations(range(e), 2):
+        failure = _counts(result, case, plan, s, d, sent.get((s, d), []))
+        if failure and plan.counts[s][plan.owned(d)].any():
+            return failure
+        first = first or failure
+    return first
+
+
+def _misapplied(result, case, plan, sent):
+    """A Failure if rank d, whose tokens from rank s arrived right, sends back an
+    expert's output for one of them that does not go to that expert: d split what
+    arrived among its experts wrongly."""
+    w1, w2 = case.info["experts"]
+    back = sorted((ev for events in sent.values() for ev in events[1:]), key=lambda ev: ev.step)
+    for ev in back:
+        d, s, p = ev.src, ev.dst, result.payload(ev)
+        x, mine = plan.x[s], plan.owned(d)
+        came = next((t for t in sent.get((s, d), [])[1:] if plan.tokens[s][d] and _same_rows(
+            result.payload(t), x[plan.tokens[s][d]], exact=True)), None)
+        if came is None or type(p) is not np.ndarray or p.ndim != 2 or not len(p) \
+                or p.shape[1:] != x.shape[1:]:
+            continue
+        outs = {i: expert_rows(w1[i], w2[i], x) for i in mine}
+        found = [[(u, i) for i in mine for u in range(len(x)) if _same(outs[i][u], row)]
+                 for row in p]
+        if not all(found):
+            continue                      # not (only) outputs of d's experts for s's tokens
+        wrong = next((pairs[0] for pairs in found if not any(plan.gates[s][u, i]
+                                                             for u, i in pairs)), None)
+        if wrong is None:
+            continue
+        u, i = wrong
+        goes = [int(j) for j in np.flatnonzero(plan.gates[s][u])]
+        routed = "; ".join(f"expert {j}: tokens {np.flatnonzero(plan.gates[s][:, j]).tolist()}"
+                           for j in mine)
+        return Failure(case.label, "every expert computes exactly its tokens",
+                       f"rank {d} applied expert {i} to rank {s}'s token {u}, which goes to "
+                       f"expert(s) {goes} only: rank {s}'s tokens reached rank {d} right at "
+                       f"step {came.step}, but rank {d} split them among its experts wrongly "
+                       f"(at step {ev.step} it sent that output back to rank {s})",
+                       expected=f"rank {d}'s experts get rank {s}'s rows routed to them: "
+                                f"{routed}",
+                       got=f"expert {i}'s output for token {u}",
+                       hint="What arrives from rank s holds its rows for each of your experts, "
+                            "one expert after the other, in the order rank s put them "
+                            "together; the counts it sent say how many for each. Split by "
+                            "them in that order (np.split(block, np.cumsum(counts)[:-1])) and "
+                            "give the j-th piece to your j-th expert.")
+    return None
 
 
 def _wire(result, case):
@@ -568,6 +620,11 @@ def _bad_rows(case, plan, ev, p, used):
                 f"{d}'s experts ({', '.join(map(str, plan.owned(d)))}): tokens "
                 f"{plan.tokens[s][d]}, unchanged, and at most one of rank {s}'s experts' "
                 f"outputs for rank {d}'s tokens ({len(plan.outputs[s][d])} rows)")
+    if type(p) is np.ndarray and p.dtype == np.float64 and p.ndim != 2 and p.size \
+            and p.size % width == 0:
+        failure = _reshaped(case, plan, ev, p, used, expected)
+        if failure:
+            return failure
     if type(p) is not np.ndarray or p.dtype != np.float64 or p.ndim != 2 or p.shape[1] != width:
         words = f"an array of shape {np.shape(p)}, dtype {getattr(p, 'dtype', type(p).__name__)}"
         return Failure(case.label, "only tokens and their outputs travel, after the counts",
@@ -586,6 +643,31 @@ def _bad_rows(case, plan, ev, p, used):
                    hint="Each expert output goes back, unchanged and ungated, to the rank "
                         "whose token it is, in one message per rank; tokens routed to no "
                         "expert of a rank are not sent there.")
+
+
+def _reshaped(case, plan, ev, p, used, expected):
+    """A Failure if ``p`` (not 2-D) holds, reshaped to rows of width d, exactly the
+    tokens or the outputs that go from s to d: the right rows in the wrong shape."""
+    s, d = ev.src, ev.dst
+    rows = p.reshape(-1, plan.x[s].shape[1])
+    for kind, want in (("tokens", plan.x[s][plan.tokens[s][d]]),
+                       ("outputs", np.array(plan.outputs[s][d]).reshape(-1, rows.shape[1]))):
+        if (s, d, kind) not in used and _same_rows(rows, want, exact=kind == "tokens"):
+            return Failure(case.label, "only tokens and their outputs travel, after the counts",
+                           f"at step {ev.step} rank {s} sent rank {d} its {len(rows)} token row(s) "
+                           f"for rank {d}'s experts as a {p.ndim}-D array of shape {p.shape}: "
+                           f"the right rows, but not a 2-D array of shape {rows.shape}"
+                           if kind == "tokens" else
+                           f"at step {ev.step} rank {s} sent rank {d} its experts' {len(rows)} "
+                           f"output row(s) for rank {d}'s tokens as a {p.ndim}-D array of shape "
+                           f"{p.shape}: the right rows, but not a 2-D array of shape "
+                           f"{rows.shape}",
+                           expected=expected, got=f"shape {p.shape}: {numbers(p)}",
+                           hint="Send each block as the 2-D (rows, d) array it is, one row per "
+                                "token (no [None], reshape or stacking on the way): the "
+                                "grader reads each message as rows, and the receiver "
+                                "splits them by expert.")
+    return None
 
 
 def _token_of(row, x):

@@ -303,3 +303,104 @@ def test_isolated_ranks_name_the_float32_outputs_as_the_self_check_does():
     same = ringlab.grade(ID, _outputs_in_float32, seed=0, log=False).failure
     assert report.failure.check == same.check == "tokens and outputs travel as float64"
     assert report.failure.what == same.what
+
+
+# -- a second red team's wrong programs whose first reason was vague (written anew) -------
+
+def _split_moe(comm, tokens, gates, expert, *, experts_reversed=False, outputs_3d=False,
+               one_total=False):
+    """The dispatch and combine with a mistake: the pieces of what arrives given to this
+    rank's experts last one first; the outputs sent back as (rows, 1, d) arrays; or the
+    counts as one total per rank, all of it taken as the first expert's rows."""
+    e, me, E = comm.world_size, comm.rank, gates.shape[1]
+    per, width = E // e, tokens.shape[1]
+    rows = [np.flatnonzero(gates[:, i]) for i in range(E)]
+    mine = [list(range(d * per, (d + 1) * per)) for d in range(e)]
+    counts = [np.array([len(rows[i]) for i in m]) for m in mine]
+    if one_total:
+        totals = alltoall(comm, [np.array([c.sum()]) for c in counts])
+        got = [np.array([int(t[0])] + [0] * (per - 1)) for t in totals]
+    else:
+        got = alltoall(comm, counts)
+    blocks = [np.concatenate([tokens[rows[i]] for i in m]) for m in mine]
+    arrived = P._exchange(comm, blocks, [g.sum() for g in got])
+    pieces = [np.split(arrived[s], np.cumsum(got[s])[:-1]) for s in range(e)]
+    back = [[] for _ in range(e)]
+    for j, i in enumerate(mine[me][::-1] if experts_reversed else mine[me]):
+        parts = [pieces[s][j] for s in range(e)]
+        out = expert(i, np.concatenate(parts))
+        for s, part in enumerate(np.split(out, np.cumsum([len(p) for p in parts])[:-1])):
+            back[s].append(part)
+    back = [np.concatenate(b) for b in back]
+    if outputs_3d:
+        recvs = {s: comm.irecv(s) for s in range(e) if s != me and counts[s].sum()}
+        for req in [comm.isend(back[d][:, None, :], d) for d in range(e)
+                    if d != me and len(back[d])]:
+            req.wait()
+        returned = [back[s] if s == me else recvs[s].wait().reshape(-1, width)
+                    if s in recvs else np.zeros((0, width)) for s in range(e)]
+    else:
+        returned = P._exchange(comm, back, [c.sum() for c in counts])
+    y = np.zeros_like(tokens)
+    for d, m in enumerate(mine):
+        for i, part in zip(m, np.split(returned[d], np.cumsum(counts[d])[:-1])):
+            y[rows[i]] += gates[rows[i], i][:, None] * part
+    return y
+
+
+def _experts_swapped(comm, tokens, gates, expert):
+    return _split_moe(comm, tokens, gates, expert, experts_reversed=True)
+
+
+def _outputs_3d(comm, tokens, gates, expert):
+    return _split_moe(comm, tokens, gates, expert, outputs_3d=True)
+
+
+def _one_total(comm, tokens, gates, expert):
+    return _split_moe(comm, tokens, gates, expert, one_total=True)
+
+
+def test_rows_given_to_the_wrong_expert_where_they_arrive_are_named():
+    """(It said "a row that is no gated sum of this rank's experts' outputs".)"""
+    assert_fails(ringlab.grade(ID, _experts_swapped, seed=0, log=False),
+                 "every expert computes exactly its tokens",
+                 ["rank 0 applied expert 1 to rank 1's token 3, which goes to expert(s) [0] "
+                  "only: rank 1's tokens reached rank 0 right at step 4, but rank 0 split them "
+                  "among its experts wrongly (at step 6 it sent that output back to rank 1)",
+                  "expert 0: tokens [3]; expert 1: tokens []", "expert 1's output for token 3",
+                  "give the j-th piece to your j-th expert"], absent=["no gated sum"])
+
+
+def test_the_right_rows_in_a_3d_array_are_named_with_the_2d_shape_expected():
+    """(It said only "sent rank 1 an array of shape (1, 1, 5), dtype float64".)"""
+    assert_fails(ringlab.grade(ID, _outputs_3d, seed=0, log=False),
+                 "only tokens and their outputs travel, after the counts",
+                 ["at step 6 rank 0 sent rank 1 its experts' 1 output row(s) for rank 1's "
+                  "tokens as a 3-D array of shape (1, 1, 5): the right rows, but not a 2-D array "
+                  "of shape (1, 5)",
+                  "Send each block as the 2-D (rows, d) array it is"])
+
+
+def test_one_total_is_shown_on_a_pair_whose_total_is_not_0():
+    """On seed 21 rank 0 sends ranks 1 and 2 no rows: the report showed their total, 0,
+    on the first pair; it shows rank 0's total for rank 3 now."""
+    case = next(MD.cases(np.random.default_rng(21)))
+    plan = MD.Plan(case)
+    assert [plan.counts[0][plan.owned(d)].sum() for d in (1, 2, 3)] == [0, 0, 4]
+    assert_fails(ringlab.grade(ID, _one_total, seed=21, log=False), "a counts exchange first",
+                 ["rank 0's first message to rank 3 carries one number, 4 (shape (1,)): the "
+                  "total of its rows for rank 3, not one count per expert of rank 3 (experts "
+                  "6, 7)"], absent=["one number, 0"])
+
+
+def test_isolated_ranks_name_the_swapped_experts_as_the_self_check_does():
+    cloudpickle.register_pickle_by_value(P)
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        report = _isolated(_experts_swapped, picks=(0,))
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        cloudpickle.unregister_pickle_by_value(P)
+    same = ringlab.grade(ID, _experts_swapped, seed=0, log=False).failure
+    assert report.failure.check == same.check == "every expert computes exactly its tokens"
+    assert report.failure.what == same.what
