@@ -169,7 +169,9 @@ def check(program, case, backend="sim"):
                             "(dispatch), and its output back (combine).")
         return failure
     outputs = [out[0] for out in result.outputs]
-    failure = _returned(outputs, case) or _wire(result, case)
+    # (run_case records every message's payload: the checks below read them)
+    plan, sent = Plan(case), _sent(result)
+    failure = _returned(outputs, case) or _wire(result, case, plan, sent)
     if failure:
         return failure
     wrong = _values(outputs, case)
@@ -177,10 +179,10 @@ def check(program, case, backend="sim"):
         # Counts that do not say how many rows go to each expert make the receiver split
         # what arrives wrongly: that message is the cause of the wrong result.
         # So do right rows given to the wrong experts, where they arrive.
-        plan, sent = Plan(case), _sent(result)
         return _all_counts(result, case, plan, sent) or _misapplied(result, case, plan, sent) \
             or wrong
-    return messages(result, case) or _computed([out[1] for out in result.outputs], case)
+    return (messages(result, case, plan, sent)
+            or _computed([out[1] for out in result.outputs], case, plan))
 
 
 # -- 2. the result ------------------------------------------------------------------------
@@ -326,11 +328,10 @@ class Plan:
         return expert_parallel.experts_of(d, self.e * self.per, self.e)
 
 
-def messages(result, case):
-    """Check 3: per ordered pair of ranks, the counts, then the tokens and the outputs."""
-    if result.payloads is None:
-        return None
-    plan, e, sent = Plan(case), case.world_size, _sent(result)
+def messages(result, case, plan, sent):
+    """Check 3: per ordered pair of ranks, the counts, then the tokens and the outputs
+    (``sent``: ``_sent(result)``)."""
+    e = case.world_size
     pairs = [(s, d) for s in range(e) for d in range(e) if s != d]
     failure = _broadcast(result, case, plan) or _all_counts(result, case, plan, sent)
     if failure:
@@ -357,8 +358,6 @@ def _sent(result):
 def _all_counts(result, case, plan, sent):
     """The first pair of ranks whose first message is not the counts, or None; the
     first whose counts are not all 0 if there is one, so the report shows real ones."""
-    if result.payloads is None:
-        return None
     first, e = None, case.world_size
     for s, d in itertools.permutations(range(e), 2):
         failure = _counts(result, case, plan, s, d, sent.get((s, d), []))
@@ -411,23 +410,16 @@ def _misapplied(result, case, plan, sent):
     return None
 
 
-def _wire(result, case):
+def _wire(result, case, plan, sent):
     """Tokens and outputs travel as float64 (the counts, a pair's first message of whole
     numbers, may be of any type): float32 on the way rounds y to about 1e-7."""
-    if result.payloads is None:
-        return None
-    plan, sent = Plan(case), _sent(result)
     rows = sorted((ev for events in sent.values() for j, ev in enumerate(events)
                    if j or not _whole(result.payload(ev))), key=lambda ev: (ev.step, ev.seq))
-    for ev in rows:
-        failure = checks.narrow_floats(
-            result, case, events=[ev], check="tokens and outputs travel as float64",
-            carried=_rows_carried(plan, ev.src, ev.dst, result.payload(ev)),
-            hint="Send the float64 arrays as they are, the tokens there and the experts' "
-                 "outputs back: no astype on the way (the grader compares y to 1e-10).")
-        if failure:
-            return failure
-    return None
+    return checks.narrow_floats(
+        result, case, events=rows, check="tokens and outputs travel as float64",
+        carried=lambda ev: _rows_carried(plan, ev.src, ev.dst, result.payload(ev)),
+        hint="Send the float64 arrays as they are, the tokens there and the experts' "
+             "outputs back: no astype on the way (the grader compares y to 1e-10).")
 
 
 def _whole(p):
@@ -739,8 +731,8 @@ def _missing(case, plan, s, d, kind):
 
 # -- 4. what the experts computed -----------------------------------------------------------
 
-def _computed(rows, case):
-    plan, per = Plan(case), case.info["per"]
+def _computed(rows, case, plan):
+    per = case.info["per"]
     routed = np.sum(plan.counts, axis=0)
     wrong = ((r, r * per + j, m) for r, got in enumerate(rows)
              for j, m in enumerate(np.asarray(got).reshape(-1)) if m != routed[r * per + j])

@@ -180,7 +180,8 @@ def narrow_floats(result, case, *, check, carried, hint, events=None, who="rank 
     carries floats narrower than float64, as a Failure; None if there is none.
     float32 on the way rounds ``carried`` ("the gradients") to about 1e-7 of their
     size: a result wrong by that much, which no mistake in the formula explains, so
-    graders check this before the values. ``who(rank)`` names a rank ("the server").
+    graders check this before the values. ``who(rank)`` names a rank ("the server");
+    ``carried`` may be a function of the message (called only for the one reported).
 
         >>> from ringlab import run
         >>> from ringlab.grading.kit.report import Case
@@ -197,12 +198,13 @@ def narrow_floats(result, case, *, check, carried, hint, events=None, who="rank 
         # (an empty array rounds nothing: a STOP, an empty block)
         if (isinstance(p, np.ndarray) and p.dtype.kind == "f" and p.dtype.itemsize < 8
                 and p.size):
+            what = carried(e) if callable(carried) else carried
             return Failure(
                 case.label, check,
-                f"at step {e.step} {who(e.src)} sent {carried} to {who(e.dst)} as {p.dtype}: "
+                f"at step {e.step} {who(e.src)} sent {what} to {who(e.dst)} as {p.dtype}: "
                 f"{p.dtype} rounds the values on the way, to about "
                 f"{np.finfo(p.dtype).eps:.0e} of their size",
-                expected=f"{carried} as float64, as they were computed",
+                expected=f"{what} as float64, as they were computed",
                 got=f"dtype {p.dtype}, shape {p.shape}", hint=hint)
     return None
 

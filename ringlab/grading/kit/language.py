@@ -107,10 +107,10 @@ def say(text, lang, depth=3):
 def _by_template(text, depth):
     if len(text) > LONGEST:
         return None
-    for pieces, pattern, chinese in _templates():
+    for pieces, patterns, chinese in _templates():
         if not _in_order(pieces, text):      # cheap, and no regex backtracks over a text
             continue                          # that lacks the template's fixed words
-        found = next(filter(None, (p.fullmatch(text) for p in pattern)), None)
+        found = next(filter(None, (p.fullmatch(text) for p in patterns)), None)
         # A field holding the template's own words again is two texts made into one
         # ("rank {} waits for rank {}" over "rank 1 waits for rank 2; rank 2 waits for
         # rank 1"): each is said on its own instead.
@@ -156,7 +156,7 @@ def _templates():
         patterns = [re.compile(regex, flags) for regex in regexes]
         compiled.append((len(fixed), pieces, patterns, chinese))
     compiled.sort(key=lambda t: -t[0])
-    return [(pieces, pattern, chinese) for _, pieces, pattern, chinese in compiled]
+    return [(pieces, patterns, chinese) for _, pieces, patterns, chinese in compiled]
 
 
 # One character of a field, or a whole [...] group: a field tried "balanced" first does

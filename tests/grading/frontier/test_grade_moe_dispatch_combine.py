@@ -291,20 +291,6 @@ def test_a_wrong_message_is_named_before_the_result_it_spoils(program, check, ph
     assert_fails(ringlab.grade(ID, program, seed=0, log=False), check, phrases)
 
 
-def test_isolated_ranks_name_the_float32_outputs_as_the_self_check_does():
-    """``ringlab grade``'s isolated ranks give the same first reason as in process."""
-    cloudpickle.register_pickle_by_value(P)
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    try:
-        report = _isolated(_outputs_in_float32, picks=(0,))
-    finally:
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-        cloudpickle.unregister_pickle_by_value(P)
-    same = ringlab.grade(ID, _outputs_in_float32, seed=0, log=False).failure
-    assert report.failure.check == same.check == "tokens and outputs travel as float64"
-    assert report.failure.what == same.what
-
-
 # -- a second red team's wrong programs whose first reason was vague (written anew) -------
 
 def _split_moe(comm, tokens, gates, expert, *, experts_reversed=False, outputs_3d=False,
@@ -393,14 +379,19 @@ def test_one_total_is_shown_on_a_pair_whose_total_is_not_0():
                   "6, 7)"], absent=["one number, 0"])
 
 
-def test_isolated_ranks_name_the_swapped_experts_as_the_self_check_does():
+@pytest.mark.parametrize("program, check", [
+    (_outputs_in_float32, "tokens and outputs travel as float64"),
+    (_experts_swapped, "every expert computes exactly its tokens"),
+], ids=["outputs_in_float32", "experts_swapped"])
+def test_isolated_ranks_give_the_self_checks_first_reason(program, check):
+    """``ringlab grade``'s isolated ranks give the same first reason as in process."""
     cloudpickle.register_pickle_by_value(P)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:
-        report = _isolated(_experts_swapped, picks=(0,))
+        report = _isolated(program, picks=(0,))
     finally:
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
         cloudpickle.unregister_pickle_by_value(P)
-    same = ringlab.grade(ID, _experts_swapped, seed=0, log=False).failure
-    assert report.failure.check == same.check == "every expert computes exactly its tokens"
+    same = ringlab.grade(ID, program, seed=0, log=False).failure
+    assert report.failure.check == same.check == check
     assert report.failure.what == same.what
