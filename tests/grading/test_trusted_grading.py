@@ -178,6 +178,56 @@ def test_a_work_result_stays_in_the_rank_process():
     same_run(run_isolated(prog, inputs()), ringlab.run(prog, inputs()))
 
 
+def test_spans_travel_with_the_next_message_and_arrive_as_in_ringlab_run():
+    """A rank's spans go to the grader with its next message, not as calls of
+    their own (rank._Link.spans): spans left with no call after them (an
+    error's, the program's last), nested, and a work's arrive all the same."""
+    def prog(comm, x):
+        with comm.span("outer"):
+            with comm.span("empty"):           # no message inside, none after until the next
+                pass
+            with comm.span("inner"):
+                x = ring_allreduce(comm, x)
+            work = comm.start(lambda c: (c.span("in-work").__enter__(), ring_allreduce(c, x))[1])
+            x = work.wait()
+        if comm.rank == 1:
+            with comm.span("failing"):
+                raise ValueError("late")
+        with comm.span("last"):                # left only in the "done" message
+            return x + 1
+    with pytest.raises(ringlab.RankError) as want:
+        ringlab.run(prog, inputs(3))
+    with pytest.raises(ringlab.RankError) as got:
+        run_isolated(prog, inputs(3))
+    assert str(got.value.exc) == "late"
+    # The failing rank's (the others' are cut short: ringlab.run unwinds them, their
+    # processes are killed).
+    failing = [[s for s in e.value.trace.spans if s.rank == 1] for e in (got, want)]
+    assert failing[0] == failing[1]
+    assert {"outer", "outer/empty", "outer/inner/ring_allreduce", "failing"} <= {
+        s.path for s in failing[0]}
+
+    def fine(comm, x):
+        with comm.span("outer"):
+            with comm.span("inner"):
+                pass
+        with comm.span("last"):
+            return ring_allreduce(comm, x)
+    same_run(run_isolated(fine, inputs(3), record_payloads=True),
+             ringlab.run(fine, inputs(3), record_payloads=True))
+
+
+def test_a_span_the_rank_did_not_open_is_refused():
+    """The grader believes no span the rank's process sends: closing one it never
+    opened ends the run with a clear error, not a hang or a grader traceback."""
+    def forged(comm, x):
+        comm._world.span_exit(comm, 12345)
+        return ring_allreduce(comm, x)
+    with pytest.raises(ringlab.RankError) as e:
+        run_isolated(forged, inputs(2))
+    assert isinstance(e.value.exc, RankProcessDied) and "a span it did not open" in str(e.value)
+
+
 def test_a_work_that_raises_is_that_ranks_error():
     def bucket_sync(c, x):
         ring_allreduce(c, x)

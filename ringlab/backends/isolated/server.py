@@ -91,6 +91,7 @@ class _RankProcess:
             self.process.start()
         child.close()
         self.objects, self.actors = {}, {}     # handle -> (stream id, object); stream id -> actor
+        self.spans = {}                         # (stream id, the rank's token) -> an open span
         # Its resident memory, read from outside (see RunResult.resident), and at
         # each message it sent: payload_key -> bytes resident when it asked to send.
         self.resident, self.at_send, self.world = None, {}, None
@@ -169,15 +170,6 @@ class _RankProcess:
                     args[0] is None or _is_mark_value(args[0])):
                 obj._world.agree(obj, args[0], "barrier")       # no rank's value comes back
                 return None
-            elif method == "span_enter" and len(args) == 1:
-                span = obj.span(args[0])
-                span.__enter__()
-                return wire.Handle(self._register(sid, span), ["span"])
-            elif method == "span_exit" and len(args) == 1 and isinstance(args[0], wire.Handle):
-                _, span = self.objects.pop(args[0].id, (None, None))
-                if isinstance(span, contextlib.AbstractContextManager):
-                    span.__exit__(None, None, None)
-                    return None
             elif method == "start" and len(args) == 1:
                 return self._start(sid, obj, args[0])
         elif isinstance(obj, (Request, Work)) and method in ("wait", "is_completed") and not args:
@@ -245,13 +237,32 @@ class _RankProcess:
             raise self._died() from None
         except (wire.WireError, ValueError, RecursionError) as e:
             raise RankProcessDied(f"rank {self.rank}'s process sent a message that cannot be read ({e})") from None
-        if not (type(message) is list and len(message) == 2 and type(message[0]) is int):
+        if not (type(message) is list and len(message) in (2, 3) and type(message[0]) is int):
             raise RankProcessDied(f"rank {self.rank}'s process sent a message without its stream")
         if message[0] != sid:
             raise RankProcessDied(f"rank {self.rank}'s process sent a message out of turn (from stream "
                                   f"{message[0]} while stream {sid} had the turn): did the program call "
                                   f"the communicator from a thread of its own?")
+        if len(message) == 3:
+            self._spans(sid, message[2])
         return message[1]
+
+    def _spans(self, sid, ops):
+        """Enter and leave the spans stream ``sid`` entered and left since its last
+        message (``rank._Link.spans``), in order, before what that message asks."""
+        for op in ops if type(ops) is list else [None]:
+            kind = op[0] if type(op) is list and op else None
+            if kind == "enter" and len(op) == 4 and type(op[2]) is str and type(op[3]) is int:
+                owner, comm = self.objects.get(op[1], (None, None)) if type(op[1]) is int \
+                    else (None, None)
+                if owner == sid and isinstance(comm, Comm) and (sid, op[3]) not in self.spans:
+                    span = self.spans[sid, op[3]] = comm.span(op[2])
+                    span.__enter__()
+                    continue
+            elif kind == "exit" and len(op) == 2 and (sid, op[1]) in self.spans:
+                self.spans.pop((sid, op[1])).__exit__(None, None, None)
+                continue
+            raise RankProcessDied(f"rank {self.rank}'s process sent a span it did not open")
 
     def _died(self):
         self.process.join(1.0)
