@@ -102,8 +102,9 @@ def _zeros_the_other_cases(comm, x):
     """Right, but zeros the inputs of every Case other than its own, for later."""
     for o in gc.get_objects():
         if isinstance(o, Case) and not any(v is x or np.array_equal(v, x) for v in o.inputs):
-            for v in o.inputs:
-                v[...] = 0.0
+            for v in o.inputs:      # other tests' cases may still be alive: arrays only
+                if isinstance(v, np.ndarray) and v.flags.writeable:
+                    v[...] = 0.0
     return _sum_by_ring(comm, x)
 
 
@@ -158,3 +159,29 @@ def test_case_print_sees_nan_as_itself_and_private_attributes_not():
     assert checks.case_changed(before, case) is None
     task.times = (0.01, 0.02)
     assert checks.case_changed(before, case) == "case.info['task'].times"
+
+
+def test_cases_are_fingerprinted_only_where_the_program_shares_the_process(monkeypatch):
+    """``case_print`` copies every array of a case (a ZeRO case's are megabytes).
+    Ranks in processes of their own (``ringlab grade``'s runner says so) cannot
+    reach the case, so a grade there takes no fingerprint; in one process every
+    case is fingerprinted before its run and checked after."""
+    from ringlab.backends.isolated import runner
+    from ringlab.grading.kit import running
+    taken = []
+    real = checks.case_print
+    monkeypatch.setattr(checks, "case_print", lambda case: taken.append(case) or real(case))
+    monkeypatch.setattr(running, "case_print", checks.case_print)
+    two = types.SimpleNamespace(check=grader.check,
+                                cases=lambda rng: list(grader.cases(rng))[:2])
+    report = grade_cases("ring_allreduce", two, _zeros_the_other_cases, seed=0,
+                         runner=ringlab.run)
+    assert report.failure.check == CASE and report.cases_passed == 1 and len(taken) >= 4, str(report)
+    assert runner().isolated is True
+
+    def apart(program, inputs, **kw):       # stands for runner(): marked, run here
+        return ringlab.run(program, inputs, **kw)
+    apart.isolated = True
+    taken.clear()
+    report = grade_cases("ring_allreduce", two, _sum_by_ring, seed=0, runner=apart)
+    assert report.passed and report.cases_passed == 2 and taken == [], str(report)

@@ -445,4 +445,5 @@ def runner(memory_mb=512, banned=()):
         timeout = None if timeout is None else timeout * ISOLATED_SLOWDOWN
         return run_isolated(program, inputs, memory_mb=memory_mb, banned=banned,
                             timeout=timeout, warm_up=MEASURES_MEMORY.get(), **kw)
+    run.isolated = True          # its ranks cannot reach the grader's objects (see run_case)
     return run

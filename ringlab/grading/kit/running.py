@@ -41,6 +41,14 @@ def active_runner():
     return timed
 
 
+def shares_process():
+    """Whether the program runs in the grader's process, where it could reach the
+    grader's cases (gc, frames) and change them: the self-check's ``ringlab.run``,
+    not ``ringlab grade``'s ranks in processes of their own. Only then are the
+    cases fingerprinted (``checks.case_print``, which copies every array)."""
+    return not getattr(_RUNNER.get(), "isolated", False)
+
+
 def run_case(program, case, backend="sim", **kw):
     """Run one case; return (RunResult, None) or (None, Failure). Learner bugs
     become Failures with a diagnosis; a stub raises NotImplementedYet.
@@ -54,14 +62,15 @@ def run_case(program, case, backend="sim", **kw):
     first = _FIRST_RUN.get()
     if first is not None and not first and backend == "sim" and not kw.get("network"):
         first.append((program, copy.deepcopy(case.inputs), case.args, kw.get("timeout", 10.0)))
-    before = case_print(case)       # in the self-check the program could reach the case
+    shared = shares_process()
+    before = case_print(case) if shared else None
     # Only a case that measures memory reads the rank processes' (``ringlab grade``).
     token = MEASURES_MEMORY.set(bool(case.info.get("measure")))
     try:
         result, failure = _run_case(program, case, inputs, backend, kw)
     finally:
         MEASURES_MEMORY.reset(token)
-    changed = case_changed(before, case)
+    changed = case_changed(before, case) if shared else None
     return (None, changed_case(case, changed)) if changed else (result, failure)
 
 
