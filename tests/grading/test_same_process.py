@@ -101,9 +101,12 @@ def _zeros_the_cases(comm, x):
 def _zeros_the_other_cases(comm, x):
     """Right, but zeros the inputs of every Case other than its own, for later."""
     for o in gc.get_objects():
-        if isinstance(o, Case) and not any(v is x or np.array_equal(v, x) for v in o.inputs):
-            for v in o.inputs:      # other tests' cases may still be alive: arrays only
-                if isinstance(v, np.ndarray) and v.flags.writeable:
+        if not isinstance(o, Case):
+            continue
+        arrays = [v for v in o.inputs if isinstance(v, np.ndarray)]
+        if not any(v is x or np.array_equal(v, x) for v in arrays):
+            for v in arrays:        # other tests' cases may still be alive: arrays only
+                if v.flags.writeable:
                     v[...] = 0.0
     return _sum_by_ring(comm, x)
 
