@@ -280,7 +280,9 @@ class _Index:
             for s, vec in enumerate(step[ag_when]):
                 size = len(vec) // n
                 grads = np.array([g[s] for g in step["grads"]])
-                self.by_size[size].append((t, s, vec.reshape(n, size), grads,
+                # (rank, chunk, element): the chunks each rank's gradients are cut into
+                self.by_size[size].append((t, s, vec.reshape(n, size),
+                                           grads.reshape(len(grads), n, size),
                                            np.abs(grads).max(axis=1, initial=0)))
         self.sent = defaultdict(int)           # (rank, s, t) -> ReduceScatter messages so far
         self.last = defaultdict(int)           # rank -> the step of its last message
@@ -299,11 +301,17 @@ class _Index:
         probe = np.unique([0, p.size // 2, p.size - 1]) if p.size else slice(None)
         every = np.arange(self.n)
         for t, s, chunks, grads, largest in cands:
-            # The whole message is compared only with the chunks its three elements match.
-            ag = _shard_rows(chunks, p, slice(None), _shard_rows(chunks, p, probe, every)).size > 0
+            # The whole message is compared only with the chunks its three elements
+            # match (none: no whole comparison), and with the ranks' partial sums only
+            # where that could still decide the label.
+            rows = _shard_rows(chunks, p, probe, every)
+            ag = rows.size > 0 and _shard_rows(chunks, p, slice(None), rows).size > 0
             i = self.sent[e.src, s, t]
-            rows = self._partial_sum_rows(p, e, grads, largest, i, probe, every)
-            rs = self._partial_sum_rows(p, e, grads, largest, i, slice(None), rows).size > 0
+            rs = False
+            if not ag or i < self.n - 1:
+                rows = self._partial_sum_rows(p, e, grads, largest, i, probe, every)
+                rs = rows.size > 0 and self._partial_sum_rows(
+                    p, e, grads, largest, i, slice(None), rows).size > 0
             # A chunk of padding only is zeros either way: it belongs to the
             # ReduceScatter until that has sent its N-1 messages.
             if rs and (not ag or i < self.n - 1):
@@ -324,7 +332,7 @@ class _Index:
         rank's largest |gradient|)."""
         n = self.n
         members = ring_members(e, n, min(i + 1, n))
-        parts = grads.reshape(len(grads), n, -1)[:, :, where][:, rows][members]
+        parts = grads[:, :, where][:, rows][members]      # (member, chunk, element)
         total = parts.sum(axis=0)
         tol = 1e-7 * np.abs(parts).sum(axis=0) + 1e-12 * (largest[members].max() + 1e-300)
         got = p[where]
