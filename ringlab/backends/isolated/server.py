@@ -115,7 +115,19 @@ class _RankProcess:
         return self._serve(0)
 
     def _serve(self, sid):
-        """Answer stream ``sid``'s calls until it is done; its result (the program's)."""
+        """Answer stream ``sid``'s calls until it is done; its result (the program's).
+        If the run ends under it (another rank failed, a deadlock, its process died),
+        the stream's open spans end here, innermost first, where the rank stands: as
+        ``ringlab.run`` records them when the program's ``with comm.span`` blocks
+        unwind (the rank's process is killed, and unwinds nothing)."""
+        try:
+            return self._answer(sid)
+        except BaseException:
+            for key in [k for k in self.spans if k[0] == sid][::-1]:
+                self.spans.pop(key).__exit__(None, None, None)
+            raise
+
+    def _answer(self, sid):
         actor = self.actors[sid]
         while True:
             message = self._receive(sid)
