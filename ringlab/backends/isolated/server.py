@@ -124,7 +124,8 @@ class _RankProcess:
             return self._answer(sid)
         except BaseException:
             for key in [k for k in self.spans if k[0] == sid][::-1]:
-                self.spans.pop(key).__exit__(None, None, None)
+                with contextlib.suppress(Exception):     # the run's own error goes on
+                    self.spans.pop(key).__exit__(None, None, None)
             raise
 
     def _answer(self, sid):
