@@ -414,7 +414,10 @@ def _walk(value, path, prints, seen, depth):
 def case_changed(before, case, added=True):
     """The first path where ``case`` no longer holds what ``before`` (its
     ``case_print``) saw, or None; ``added=False``: entries the case has gained
-    (a grader keeps what it computed in ``info``) do not count."""
+    (a grader keeps what it computed in ``info``) do not count. ``before`` None:
+    no fingerprint was taken (``running.fingerprint``), nothing to compare."""
+    if before is None:
+        return None
     after = case_print(case)
     for path, token in before.items():
         if after.get(path, _MISSING) != token:

@@ -21,7 +21,7 @@ from ...backends.isolated.server import MEASURES_MEMORY
 from . import apart, checks
 from .causality import violation
 from .report import Failure, NotImplementedYet, Report
-from .running import _FIRST_RUN, _RUNNER, shares_process
+from .running import _FIRST_RUN, _RUNNER, fingerprint
 
 START = 60.0        # seconds a case may take to set up, before its first run
 
@@ -74,8 +74,7 @@ def _graded(exercise_id, module, program, seed, backend):
     cases = list(module.cases(np.random.default_rng(seed)))
     # What each case holds now: a program may reach the grader's cases (gc) and change
     # them, the later ones too, while it runs on one of them.
-    shared = shares_process()
-    prints = [checks.case_print(case) if shared else None for case in cases]
+    prints = [fingerprint(case) for case in cases]
     sizes = tuple(sorted({c.world_size for c in cases}))
     report = Report(exercise_id, False, seed, 0, len(cases), sizes, backend=backend)
     causal = _causality_case(module, cases)
@@ -85,7 +84,7 @@ def _graded(exercise_id, module, program, seed, backend):
             first = []
             token = _FIRST_RUN.set(first if case is causal else None)
             state = checks.module_state()
-            changed = shared and checks.case_changed(prints[index], case)
+            changed = checks.case_changed(prints[index], case)
             if changed:           # changed while the program ran on an earlier case
                 report.failure = checks.changed_case(case, changed)
                 return report
@@ -100,7 +99,7 @@ def _graded(exercise_id, module, program, seed, backend):
             # What the program replaced in numpy, Python or ringlab is named first, and put back.
             failure = checks.patched_modules(state, case) or failure
             # What the grader adds to a case's info as it checks is its own.
-            changed = shared and checks.case_changed(prints[index], case, added=False)
+            changed = checks.case_changed(prints[index], case, added=False)
             failure = (checks.changed_case(case, changed) if changed else None) or failure
             if failure is None and first:
                 failure = _causality(module, case, *first[0])

@@ -49,6 +49,12 @@ def shares_process():
     return not getattr(_RUNNER.get(), "isolated", False)
 
 
+def fingerprint(case):
+    """``case_print(case)`` where the program shares the process, else None (which
+    ``case_changed`` takes as nothing to compare)."""
+    return case_print(case) if shares_process() else None
+
+
 def run_case(program, case, backend="sim", **kw):
     """Run one case; return (RunResult, None) or (None, Failure). Learner bugs
     become Failures with a diagnosis; a stub raises NotImplementedYet.
@@ -62,15 +68,14 @@ def run_case(program, case, backend="sim", **kw):
     first = _FIRST_RUN.get()
     if first is not None and not first and backend == "sim" and not kw.get("network"):
         first.append((program, copy.deepcopy(case.inputs), case.args, kw.get("timeout", 10.0)))
-    shared = shares_process()
-    before = case_print(case) if shared else None
+    before = fingerprint(case)
     # Only a case that measures memory reads the rank processes' (``ringlab grade``).
     token = MEASURES_MEMORY.set(bool(case.info.get("measure")))
     try:
         result, failure = _run_case(program, case, inputs, backend, kw)
     finally:
         MEASURES_MEMORY.reset(token)
-    changed = case_changed(before, case) if shared else None
+    changed = case_changed(before, case)
     return (None, changed_case(case, changed)) if changed else (result, failure)
 
 

@@ -307,14 +307,14 @@ class _Index:
             rows = _shard_rows(chunks, p, probe, every)
             ag = rows.size > 0 and _shard_rows(chunks, p, slice(None), rows).size > 0
             i = self.sent[e.src, s, t]
+            # A chunk of padding only is zeros either way: it belongs to the
+            # ReduceScatter until that has sent its N-1 messages.
             rs = False
             if not ag or i < self.n - 1:
                 rows = self._partial_sum_rows(p, e, grads, largest, i, probe, every)
                 rs = rows.size > 0 and self._partial_sum_rows(
                     p, e, grads, largest, i, slice(None), rows).size > 0
-            # A chunk of padding only is zeros either way: it belongs to the
-            # ReduceScatter until that has sent its N-1 messages.
-            if rs and (not ag or i < self.n - 1):
+            if rs:
                 self.sent[e.src, s, t] += 1
                 self.last[e.src], self.segment[e.src] = t, s
                 return ("RS", s, t)
