@@ -1,5 +1,6 @@
 """A rank process uses BLAS once before the grader first reads its memory (the warm-up),
-and only in the runs whose memory a grader checks: the cases that measure it."""
+and the grader reads its memory at each of its calls, only in the runs whose memory a
+grader checks: the cases that measure it."""
 
 import numpy as np
 
@@ -30,7 +31,7 @@ def test_only_a_case_that_measures_memory_warms_its_ranks_up(monkeypatch):
     asked = []
 
     def recorded(program, inputs, **kw):
-        asked.append(kw["warm_up"])
+        asked.append((kw["warm_up"], kw["reads_memory"]))
         return run_isolated(program, inputs, **kw)
     monkeypatch.setattr(server, "run_isolated", recorded)
     token = running._RUNNER.set(runner())
@@ -39,9 +40,13 @@ def test_only_a_case_that_measures_memory_warms_its_ranks_up(monkeypatch):
             info = {} if measure is None else {"measure": measure}
             result, failure = running.run_case(two_products, Case(1, [None], "one rank", info=info))
             assert failure is None and result.resident[0]["before"], failure
+            # the reading at each call (the barrier's, with the two arrays alive): only
+            # where the case measures
+            peak = result.resident[0]["peak"]
+            assert peak > result.resident[0]["loaded"] + 3 * MIB if measure else peak is None
     finally:
         running._RUNNER.reset(token)
-    assert asked == [True, False, False]
+    assert asked == [(True, True), (False, False), (False, False)]
     assert server.MEASURES_MEMORY.get() is True        # outside a case: every run warms up
 
 

@@ -81,8 +81,9 @@ class _RankProcess:
     name by handle. Each object belongs to the stream (the program, or a work)
     that was given it: only that stream's actor may use it."""
 
-    def __init__(self, ctx, rank, program_bytes, memory_mb, deadline, banned=(), warm_up=True):
-        self.rank, self.deadline = rank, deadline
+    def __init__(self, ctx, rank, program_bytes, memory_mb, deadline, banned=(), warm_up=True,
+                 reads_memory=True):
+        self.rank, self.deadline, self.reads_memory = rank, deadline, reads_memory
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=rank_side.rank_main,
                                    args=(child, program_bytes, memory_mb, banned, warm_up),
@@ -110,8 +111,8 @@ class _RankProcess:
             readings.append(self._rss())          # the rank waits for the answer: exact
             self._send(["measured"])
         before, loaded = readings
-        self.resident = {"before": before, "loaded": loaded, "peak": loaded, "hwm": None,
-                         "marks": []}
+        self.resident = {"before": before, "loaded": loaded,
+                         "peak": loaded if self.reads_memory else None, "hwm": None, "marks": []}
         return self._serve(0)
 
     def _serve(self, sid):
@@ -139,7 +140,8 @@ class _RankProcess:
                 raise _RemoteError(rebuild_exception(message[1], message[2]), str(message[3]))
             if kind != "call" or len(message) != 5:
                 self._refused(sid, message)
-            rss, sent = self._rss(), len(self.world.events)
+            # A /proc read per call: only in runs whose memory a check reads.
+            rss, sent = (self._rss() if self.reads_memory else None), len(self.world.events)
             if rss is not None:
                 self.resident["peak"] = max(self.resident["peak"] or 0, rss)
             if _is_mark(message):
@@ -148,9 +150,10 @@ class _RankProcess:
                 answer = ["ok", self._dispatch(sid, *message[1:])]
             except Exception as e:  # noqa: BLE001 - the rank's mistake: raised in its own code
                 answer = ["raise", _names(e), str(e)]
-            for e in self.world.events[sent:]:
-                if e.src == self.rank:
-                    self.at_send[payload_key(e)] = rss
+            if rss is not None:
+                for e in self.world.events[sent:]:
+                    if e.src == self.rank:
+                        self.at_send[payload_key(e)] = rss
             self._send([sid, answer + [actor.clock, actor.time]])
 
     def _refused(self, sid, message):
@@ -223,7 +226,7 @@ class _RankProcess:
 
     def measure(self):
         """Read the process's peak resident memory (VmHWM) before it is killed."""
-        if self.resident is None:
+        if self.resident is None or not self.reads_memory:
             return
         with contextlib.suppress(OSError, ValueError):
             with open(f"/proc/{self.process.pid}/status") as f:
@@ -384,7 +387,7 @@ def _every_module():
 
 def run_isolated(program, inputs, *, args=(), kwargs=None, mode="buffered", timeout=10.0,
                  check_unreceived=True, record_payloads=False, network=None, memory_mb=512,
-                 backend="sim", banned=(), warm_up=True):
+                 backend="sim", banned=(), warm_up=True, reads_memory=True):
     """``ringlab.run`` with one process per rank (see the module's docstring).
 
     ``program`` is a ``Submission`` (cloudpickle bytes) or a function (pickled
@@ -393,6 +396,10 @@ def run_isolated(program, inputs, *, args=(), kwargs=None, mode="buffered", time
     see ``ringlab.answers.forbidden``): a call fails the rank. ``warm_up``: each
     rank uses BLAS once before its memory is first read (``sandbox.warm_up``);
     only a run whose resident memory is checked needs it (about 40 ms a rank).
+    ``reads_memory``: read each rank process's resident memory at each of its
+    calls too (``RunResult.resident``'s peak and marks, ``resident_at``; the
+    readings before and after the program is loaded are always taken); a run
+    whose memory no check reads skips that /proc read per call.
     """
     if backend != "sim":
         raise ValueError("isolated runs use the simulator")
@@ -406,7 +413,8 @@ def run_isolated(program, inputs, *, args=(), kwargs=None, mode="buffered", time
     world = SimWorld(len(inputs), mode, record_payloads, network)
     ranks = []
     try:
-        ranks = [_RankProcess(ctx, r, data, memory_mb, deadline, tuple(banned), warm_up)
+        ranks = [_RankProcess(ctx, r, data, memory_mb, deadline, tuple(banned), warm_up,
+                              reads_memory)
                  for r in range(len(inputs))]
         world.run(lambda comm, x, *a, **kw: ranks[comm.global_rank].serve(comm, x, a, kw),
                   inputs, args, kwargs or {})
@@ -447,7 +455,8 @@ def _result(world, timeout, check_unreceived):
 ISOLATED_SLOWDOWN = 3
 
 # False while a grader runs a case that reads no resident memory (``run_case`` sets
-# it from the case's ``info["measure"]``): its ranks skip the warm-up. Unset: warm up.
+# it from the case's ``info["measure"]``): its ranks skip the warm-up, and the grader
+# the reading of their memory at each call. Unset: both.
 MEASURES_MEMORY = contextvars.ContextVar("ringlab_measures_memory", default=True)
 
 
@@ -457,6 +466,7 @@ def runner(memory_mb=512, banned=()):
     def run(program, inputs, timeout=10.0, **kw):
         timeout = None if timeout is None else timeout * ISOLATED_SLOWDOWN
         return run_isolated(program, inputs, memory_mb=memory_mb, banned=banned,
-                            timeout=timeout, warm_up=MEASURES_MEMORY.get(), **kw)
+                            timeout=timeout, warm_up=MEASURES_MEMORY.get(),
+                            reads_memory=MEASURES_MEMORY.get(), **kw)
     run.isolated = True          # its ranks cannot reach the grader's objects (see run_case)
     return run
