@@ -1,6 +1,7 @@
 """The isolated runs' wire (ringlab/backends/isolated/pipe.py): one message per value,
 its arrays' bytes included, and nothing but well-formed messages decode."""
 
+import json
 import threading
 from multiprocessing import Pipe
 
@@ -58,3 +59,22 @@ def raw(*frames):
 def test_malformed_messages_raise_wire_error(frames, words):
     with pytest.raises(pipe.WireError, match=words):
         pipe.recv(raw(*frames))
+
+
+def nested(depth, leaf):
+    for _ in range(depth):
+        leaf = [leaf]
+    return leaf
+
+
+def test_a_message_nested_past_the_limit_does_not_decode():
+    def tree(depth, leaf):
+        for _ in range(depth):
+            leaf = {"l": [leaf]}
+        return json.dumps(leaf).encode()
+    limit = pipe.MAX_DEPTH
+    assert through(nested(limit, 7)) == nested(limit, 7)
+    assert pipe.recv(raw(b'{"n": 0, "b": []}\n', tree(limit, 7), b"\n")) == nested(limit, 7)
+    for leaf in (7, None, "s", {"l": []}):
+        with pytest.raises(pipe.WireError, match="nested too deep"):
+            pipe.recv(raw(b'{"n": 0, "b": []}\n', tree(limit + 1, leaf), b"\n"))
