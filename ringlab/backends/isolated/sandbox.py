@@ -59,10 +59,6 @@ def import_what_it_names(data):
                 importlib.import_module(name)
 
 
-class ReferenceCalled(Exception):
-    """The program ran one of ringlab's answers to an exercise (``ringlab.answers``)."""
-
-
 def _answers(banned):
     """The functions named in ``banned`` (``module:qualname``, see
     ``ringlab.answers.name_of``): ``{(file, qualname) of their code: the words
@@ -339,8 +335,8 @@ def no_reference(banned):
             sys.setprofile(None)
             threading.setprofile(None)
         words = _called(profiler, codes, prints)
-        if words:
-            raise ReferenceCalled(f"the program called {words}")
+        if words:               # as the answers' stubs report it: no traceback of ours
+            _report_and_exit(f"the program called {words}")
 
 
 def _called(profiler, codes, prints):
