@@ -104,7 +104,7 @@ _SCALARS = (bool, int, float, str)    # JSON's own values, as json.loads makes t
 def _encode(v, arrays, depth):
     if depth > MAX_DEPTH:
         return {"o": "object"}
-    if v is None or type(v) in (bool, int, float, str):
+    if v is None or type(v) in _SCALARS:
         return v
     if isinstance(v, (np.bool_, np.integer, np.floating)):
         return v.item()            # a numpy scalar travels as the Python number
