@@ -39,22 +39,22 @@ def rank_main(conn, program_bytes, memory_mb, banned=(), warm_up=True):
         import cloudpickle
         sandbox.CONN[0] = conn
         _, x, args, kwargs, info = wire.recv(conn)
-        # The guard goes up before the bytes are unpickled: unpickling runs code.
-        with sandbox.no_reference(banned):
-            # The grader reads this process's memory from outside (see
-            # _RankProcess.resident): now, with the inputs here but nothing of the
-            # program, and again once the program is loaded (what loading made).
-            sandbox.import_what_it_names(program_bytes)
-            _measured(conn, "ready")
-            program = cloudpickle.loads(program_bytes)
-            _measured(conn, "loaded")
-            link = sandbox.LINK[0] = _Link(conn)
-            handle, rank, ranks, label, gid = info
-            world = _RankWorld(link)
-            world.handles[(gid, 0)] = handle
-            actor = link.actors[0] = _Actor(rank, 0, 0)
-            group = Group(tuple(ranks), tuple(label) if type(label) is list else label, gid)
-            result = program(Comm(world, actor, group), x, *args, **dict(kwargs))
+        # The guard goes up before the bytes are unpickled: unpickling makes code.
+        sandbox.guard(banned)
+        # The grader reads this process's memory from outside (see
+        # _RankProcess.resident): now, with the inputs here but nothing of the
+        # program, and again once the program is loaded (what loading made).
+        sandbox.import_what_it_names(program_bytes)
+        _measured(conn, "ready")
+        program = cloudpickle.loads(program_bytes)
+        _measured(conn, "loaded")
+        link = sandbox.LINK[0] = _Link(conn)
+        handle, rank, ranks, label, gid = info
+        world = _RankWorld(link)
+        world.handles[(gid, 0)] = handle
+        actor = link.actors[0] = _Actor(rank, 0, 0)
+        group = Group(tuple(ranks), tuple(label) if type(label) is list else label, gid)
+        result = program(Comm(world, actor, group), x, *args, **dict(kwargs))
         bad = _bad_result(result)
         if bad:
             raise TypeError(f"wrong result type: the program returned {bad}; a result must be a "
@@ -135,7 +135,7 @@ class _Link:
         self.cond = threading.Condition()
         self.inbox, self.reading, self.pending = {}, False, {}
         self.actors = {}                        # stream id -> its _Actor
-        self.local = threading.local()          # .sid: the stream id of this thread
+        self.local = sandbox.STREAM             # .sid: the stream id of this thread
         self.local.sid = 0
         # Spans entered and left since a stream's last message, per stream id:
         # ["enter", comm handle, name, token] and ["exit", token]. They travel

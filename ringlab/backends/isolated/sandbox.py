@@ -4,27 +4,35 @@ Inside an isolated run (see the package's docstring) the program has a process
 of its own; these guards keep it to its own data and its own work:
 
 * ringlab's answers to the exercise (``ringlab.answers``) are removed from the
-  process: their code is replaced by a stub that ends the rank, and a profiler
-  records every call, so that one into a copy of them fails the rank;
-* an audit hook (which cannot be removed) ends the rank if the program writes a
-  file, makes or renames one, signals, opens a socket, maps memory, forks or
-  starts a process (ways to another rank's process, or around the grader's
-  memory reading), switches the profiler off, loads C code through ctypes or
-  reads the source of a module that holds an answer;
+  process: their code is replaced by a stub that ends the rank;
+* an audit hook (which cannot be removed) ends the rank if the program makes a
+  function of a copy of an answer's code or runs one (however the copy was
+  made: pickled by value, ``types.CodeType``, ``code.replace``, ``marshal``,
+  compiled from the answer's source), writes a file,
+  makes or renames one, signals, opens a socket, maps memory, forks or starts a
+  process (ways to another rank's process, or around the grader's memory
+  reading), loads C code through ctypes or asks gc for its objects;
 * limits: address space, file size; the process is not dumpable; malloc gives
   freed arrays back to the system, so the grader's reading of the process's
   resident memory, from outside, tracks what it holds.
+
+The program may change anything in its process that Python lets it change: a
+module's globals (this module's too), builtins, the stdlib's functions. So the
+hook keeps no state the program could reach and calls no Python function the
+program could have replaced (``_hook``); it reports over the pipe with bytes
+it writes itself (``_reporter``).
 """
 
 from __future__ import annotations
 
-import _lsprof
+import _json
 import contextlib
 import gc
 import importlib
 import importlib.util
 import os
 import resource
+import stat
 import sys
 import threading
 import types
@@ -80,30 +88,9 @@ def _answers(banned):
     return codes
 
 
-def _fingerprint(code):
-    """What a copy of a code object keeps whatever its file and name: its
-    bytecode, constants and names."""
-    return (code.co_code, code.co_consts, code.co_names, code.co_varnames)
-
-
-def _report_and_exit(why, kind="ReferenceCalled"):
-    """Tell the grading process and end this rank now: an exception could be
-    caught by the program, ``os._exit`` cannot. ``kind``: the exception's name
-    in the report (ReferenceCalled, or NotAllowed for a way around isolation)."""
-    link = LINK[0]
-    with contextlib.suppress(BaseException):
-        if link is None:
-            wire.send(CONN[0], [0, ["error", kind, why, ""]])
-        else:                         # on the stream of the thread that called
-            link.send(getattr(link.local, "sid", 0) or 0, ["error", kind, why, ""])
-    os._exit(0)
-
-
-CONN = [None]        # the rank's pipe to the grader, for _report_and_exit
+CONN = [None]        # the rank's pipe to the grader (rank_main sets it before guard())
 LINK = [None]        # and its _Link, once the program runs
-_THREAD_START = {threading.Thread._bootstrap_inner.__code__}
-_PROFILER = [None]     # the profiler that watches a rank's threads (see no_reference)
-_WATCH = [None]       # the code of the one function that may switch it on
+STREAM = threading.local()      # .sid: the stream id of the calling thread (see rank._Link)
 # Ways out of what the grader watches: another process (its memory and its
 # reads are not this rank's), memory that tracemalloc does not see (mmap), a
 # second name for a reference file (a hard link). Audit event -> words.
@@ -119,34 +106,157 @@ FORBIDDEN_EVENTS = {"mmap.__new__": "mmap (memory the grader's measurement does 
                     "os.utime": "os.utime", "os.truncate": "os.truncate",
                     "os.setxattr": "os.setxattr", "os.kill": "os.kill", "os.killpg": "os.killpg",
                     "socket.__new__": "a socket", "socket.socketpair": "a socket",
-                    "os.mkfifo": "os.mkfifo", "os.mknod": "os.mknod"}
+                    "os.mkfifo": "os.mkfifo", "os.mknod": "os.mknod",
+                    # An interpreter of its own: no audit hook of this one runs there.
+                    "cpython.PyInterpreterState_New": "a subinterpreter"}
 # open() for writing: ranks are separate processes so that they share nothing
 # but messages; a file one rank writes and another reads would be a channel the
 # trace does not see (a red team summed a vector that way, with no messages).
 _WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-_ARMED = [False]      # while the program runs
+
+
+def _reporter(conn):
+    """``report(why, kind)``: tell the grading process on ``conn`` that this rank
+    broke a rule (``kind``: the exception's name in its report, ReferenceCalled or
+    NotAllowed) and end the process, however the program has changed the modules
+    of its process: it uses only C functions bound here, and writes the message's
+    bytes itself (the wire's framing, ``pipe.send``: multiprocessing's 4-byte
+    length, a line of sizes, a line of the wire's JSON). An exception could be
+    caught by the program; ``os._exit`` cannot. The stream is the calling thread's, so the grader
+    hears it where it waits (a ``comm.start`` work runs on a thread of its own)."""
+    fd, write, exit_now, quote = conn.fileno(), os.write, os._exit, _json.encode_basestring_ascii
+    _getattr, _type, _int, _len, stream = getattr, type, int, len, STREAM
+
+    def report(why, kind):
+        try:
+            sid = _getattr(stream, "sid", 0)
+            body = ('{"n": 0, "b": []}\n{"l": [%d, {"l": ["error", %s, %s, ""]}]}\n' % (
+                sid if _type(sid) is _int else 0, quote(kind), quote(why[:600]))).encode("ascii")
+            message = _len(body).to_bytes(4, "big", signed=True) + body
+            while message:       # small: the kernel takes it in one write
+                message = message[write(fd, message):]
+        finally:
+            exit_now(0)
+    return report
+
+
+CODE = object()         # marks, in a shape's constants, the shape of a nested code object
+
+
+def shape(code):
+    """What of an answer's ``code`` a copy keeps: its bytecode, constants (the
+    shape of code among them marked by ``CODE``), names and variable names."""
+    consts = tuple((CODE, shape(c)) if type(c) is types.CodeType else c for c in code.co_consts)
+    return code.co_code, consts, code.co_names, code.co_varnames
+
+
+def _copy_finder(shapes):
+    """``copied(code)``: the words of the first answer (``shapes``: ``{shape(answer's
+    code): words}``) that ``code``, or code among its constants, is a copy of; else
+    None. A copy has the answer's bytecode, and the answer's constants (but its
+    docstring), names and variable names first among its own: what a copy keeps
+    however it was made (pickled by value, rebuilt with ``types.CodeType`` or
+    ``code.replace``, compiled from the answer's source, under ``-OO``, with another
+    docstring, with constants, names or variables added at the end). Code whose
+    bytecode differs is not a copy: a program that edits the answer's bytecode has
+    written its own (see ``_hook``).
+
+    Made by a function so that the audit hook has one of its own over names bound
+    here; it compares the program's objects by type first, with ``is``, and by
+    value only if they are of a plain type: ``==`` or a hash on an object of the
+    program's could run the program's code inside the hook."""
+    by_bytecode = {}
+    for (bytecode, *rest), words in shapes.items():
+        by_bytecode.setdefault(bytecode, []).append((bytecode, *rest, words))
+    by_bytecode = types.MappingProxyType(dict(zip(by_bytecode,
+                                                  map(tuple, by_bytecode.values()))))
+    _type, _len, _range, _str, _bytes = type, len, range, str, bytes
+    _code, _tuple, _frozenset, mark = types.CodeType, tuple, frozenset, CODE
+    plain = (type(None), bool, int, float, complex, str, bytes, type(...))
+
+    def is_plain(kind):
+        for p in plain:
+            if kind is p:
+                return True
+        return False
+
+    def same_const(mine, theirs):
+        """Whether constant ``mine`` (the program's) is the answer's ``theirs``."""
+        kind = _type(theirs)
+        if kind is _tuple and _len(theirs) == 2 and theirs[0] is mark:
+            return _type(mine) is _code and same(mine, theirs[1])
+        if _type(mine) is not kind:
+            return False
+        if kind is _tuple:
+            if _len(mine) != _len(theirs):
+                return False
+            for i in _range(_len(theirs)):
+                if not same_const(mine[i], theirs[i]):
+                    return False
+            return True
+        if kind is _frozenset:
+            for item in mine:
+                if not is_plain(_type(item)):
+                    return False
+            return mine == theirs
+        return is_plain(kind) and mine == theirs
+
+    def same(code, answer):
+        bytecode, consts, names, varnames = answer[:4]
+        if (code.co_code != bytecode or code.co_names[:_len(names)] != names
+                or code.co_varnames[:_len(varnames)] != varnames
+                or _len(code.co_consts) < _len(consts)):
+            return False
+        mine = code.co_consts
+        for i in _range(_len(consts)):
+            docstring = i == 0 and (consts[0] is None or _type(consts[0]) is _str)
+            if not docstring and not same_const(mine[i], consts[i]):
+                return False
+        return True
+
+    def copied(code):
+        todo = [code]
+        while todo:
+            value = todo.pop()
+            kind = _type(value)
+            if kind is _code:
+                for answer in by_bytecode.get(value.co_code, ()):
+                    if same(value, answer):
+                        return answer[4]
+                todo += value.co_consts
+            elif kind is _tuple or kind is _frozenset:   # code in them: only made by hand
+                todo += value
+        return None
+    return copied
 
 
 def _poison(codes):
     """Replace the code of every banned answer in this process by a stub that
     ends the rank: the answer no longer exists here, however the program
-    reaches it (sys.modules, gc, a package attribute, a copy of the function,
-    a thread without the profile hook). The originals are dropped, not kept:
-    only their fingerprints are (``_fingerprint``), to know a copy of them."""
-    prints = {}
+    reaches it (sys.modules, a package attribute, the function's ``__wrapped__``).
+    The originals are dropped, not kept: only their signatures are (returned,
+    ``{shape(code): words}``), to know a copy of them (``_copy_finder``)."""
+    signatures, stubs_report = {}, _reporter(CONN[0])
+
+    def called(words):              # a reporter of the stubs' own: the program can reach it
+        stubs_report(words, "ReferenceCalled")
+    for key, variants in _optimized(codes).items():
+        for variant in variants:                   # the same source under -O and -OO
+            signatures[variant] = codes[key]
     for obj in _functions(codes):
         code = obj.__code__
         words = codes.get((code.co_filename, code.co_qualname))
         if words is not None:
-            prints[_fingerprint(code)] = words
+            signatures[shape(code)] = words
             # The stub runs with the answer's own globals: its one name goes there.
-            obj.__globals__["_ringlab_answer_called"] = _report_and_exit
+            obj.__globals__["_ringlab_answer_called"] = called
             obj.__code__ = _stub(f"the program called {words}", code.co_freevars)
-    return prints
+    return signatures
 
 
-# The zygote's functions by (file, qualname), and the zygote's pid: see index_functions.
-_INDEX = [None, {}]
+# The zygote's pid, its functions by (file, qualname), and its answers' shapes
+# under -O and -OO by (file, qualname): see index_functions.
+_INDEX = [None, {}, {}]
 
 
 def index_functions():
@@ -163,7 +273,15 @@ def index_functions():
         if type(obj) is types.FunctionType:
             code = obj.__code__
             index.setdefault((code.co_filename, code.co_qualname), []).append(obj)
-    _INDEX[:] = [os.getpid(), index]
+    from ... import answers
+    keys = set()
+    for functions in answers.registry().values():
+        for fn in functions:
+            while type(fn) is types.FunctionType and fn.__code__.co_qualname != fn.__qualname__:
+                fn = getattr(fn, "__wrapped__", None)
+            if type(fn) is types.FunctionType:
+                keys.add((fn.__code__.co_filename, fn.__code__.co_qualname))
+    _INDEX[:] = [os.getpid(), index, _optimized(keys)]
 
 
 def _functions(codes):
@@ -172,12 +290,47 @@ def _functions(codes):
     process that built the index (nothing has made a function since but our own
     start-up) and every answer's module was loaded there; else every function of
     the process."""
-    zygote, index = _INDEX
+    zygote, index, _ = _INDEX
     if (CONN[0] is not None and zygote == os.getppid()
             and all(key in index for key in codes)):
         return [fn for key in codes for fn in index[key]]
     gc.unfreeze()        # gc.get_objects() leaves out frozen objects (the zygote freezes its own)
     return [obj for obj in gc.get_objects() if type(obj) is types.FunctionType]
+
+
+def _optimized(keys):
+    """``{(file, qualname): [shape of that function compiled from its file with -O,
+    with -OO]}`` for the functions ``keys`` name: what a program that compiles an
+    answer's source with ``optimize=`` 1 or 2 makes (-OO drops the docstring, and
+    the constants after it move: other bytecode, the same answer). From the
+    zygote's index where it has them (``index_functions``), else compiled now."""
+    zygote, _, known = _INDEX
+    known = known if CONN[0] is not None and zygote == os.getppid() else {}
+    found, files = {}, {}
+    for key in keys:
+        if key in known:
+            found[key] = known[key]
+            continue
+        file, qualname = key
+        if file not in files:
+            try:
+                with open(file, "rb") as f:
+                    source = f.read()
+                files[file] = [compile(source, file, "exec", dont_inherit=True, optimize=level)
+                               for level in (1, 2)]
+            except (OSError, SyntaxError, ValueError):
+                files[file] = []
+        found[key] = [shape(c) for module in files[file] for c in _nested(module)
+                      if c.co_qualname == qualname]
+    return found
+
+
+def _nested(code):
+    """``code`` and every code object among its constants, at any depth."""
+    yield code
+    for const in code.co_consts:
+        if type(const) is types.CodeType:
+            yield from _nested(const)
 
 
 def _stub(words, freevars):
@@ -194,163 +347,208 @@ def _stub(words, freevars):
     return namespace["outer"]().__code__
 
 
-def _audit(files):
-    """An audit hook (it cannot be removed): while the program runs, switching
-    the profiler off, reading a reference's source or loading C code through
-    ctypes ends the rank."""
-    sources = {f for f in files} | {importlib.util.cache_from_source(f) for f in files
-                                     if f.endswith(".py")}
-    # Files are compared by inode too: a hard link to a reference has another path.
-    inodes = set()
-    for f in sources:
-        with contextlib.suppress(OSError):
-            st = os.stat(f)
-            inodes.add((st.st_dev, st.st_ino))
+def _rule():
+    """``why(event, args)``: words for an audited ``event`` by which a rank could
+    reach another rank's data or process outside the messages (a file written, a
+    socket, a signal, another process's memory, ...), or None. The rule of
+    isolated runs, which the self-check applies too (``ringlab.grading.kit.apart``)
+    so that both give one verdict. Made by a function so that the rank's audit hook
+    has a copy of its own: everything it uses is bound here, where the program
+    cannot rebind it (``os.path.realpath`` is Python code over module globals, so
+    paths are resolved here with ``os.lstat`` and ``os.readlink``)."""
+    table = types.MappingProxyType(dict(FORBIDDEN_EVENTS))
+    writes, getpid, getcwd, lstat, readlink = _WRITES, os.getpid, os.getcwd, os.lstat, os.readlink
+    is_link, _type, _str, _bytes, _int, _len = stat.S_ISLNK, type, str, bytes, int, len
+    _OSError = OSError
 
-    def hook(event, args):
-        if not _ARMED[0]:
-            return
-        why = way_between_ranks(event, args)
-        if why:
-            _report_and_exit(why, "NotAllowed")
-        if event in ("sys.setprofile", "sys.settrace"):
-            # A new thread installs threading's hook (ours) from its bootstrap, which
-            # then switches the grader's profiler on for it (watch(), no_reference).
-            caller = sys._getframe(1)
-            if event == "sys.setprofile" and (caller.f_code in _THREAD_START or (
-                    caller.f_code is _WATCH[0] and _PROFILER[0] is not None
-                    and caller.f_locals.get("profiler") is _PROFILER[0])):
-                return
-            _report_and_exit(f"the program called {event} (the grader's guard against "
-                             f"running ringlab's own answers)")
-        elif event.startswith("ctypes."):
-            _report_and_exit("the program used ctypes, which the grader does not allow")
-        elif event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
-            path = os.path.realpath(os.fsdecode(args[0]))
+    def real(path):
+        """``path`` with every symbolic link and ``..`` resolved, as the kernel opens it."""
+        todo = (path if path.startswith("/") else getcwd() + "/" + path).split("/")[::-1]
+        done, links = [], 0
+        while todo:
+            part = todo.pop()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                done = done[:-1]
+                continue
+            here = "/" + "/".join(done + [part])
             try:
-                st = os.stat(path)
-                linked = (st.st_dev, st.st_ino) in inodes
-            except OSError:
-                linked = False
-            if path in sources or linked:
-                _report_and_exit(f"the program read the source of ringlab's answers "
-                                 f"({os.path.basename(path)}), which hold an exercise's answer")
-    sys.addaudithook(hook)
+                mode = lstat(here).st_mode
+            except _OSError:             # not there (yet): the rest is taken as written
+                mode = 0
+            if mode and is_link(mode) and links < 40:
+                links += 1
+                target = readlink(here)
+                done = [] if target.startswith("/") else done
+                todo += target.split("/")[::-1]
+            else:
+                done.append(part)
+        return "/" + "/".join(done)
 
-
-def way_between_ranks(event, args):
-    """Words for an audited ``event`` by which a rank could reach another rank's
-    data or process outside the messages (a file written, a socket, a signal,
-    another process's memory, ...), or None. The rule of isolated runs, which
-    the self-check applies too (``ringlab.grading.kit.apart``), so that both
-    give one verdict."""
-    if event in FORBIDDEN_EVENTS or event.startswith("os.exec"):
-        return f"the program used {FORBIDDEN_EVENTS.get(event, event)}, which the grader does not allow"
-    if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
-        path = os.path.realpath(os.fsdecode(args[0]))
-        if isinstance(args[2], int) and args[2] & _WRITES and path != os.devnull:
+    def why(event, args):
+        if event in table or event.startswith("os.exec"):
+            return f"the program used {table.get(event, event)}, which the grader does not allow"
+        if event != "open":
+            return None
+        kind = _type(args[0])                 # with is: == on a type of the program's runs its code
+        if kind is not _str and kind is not _bytes:
+            return None
+        path = real(args[0] if kind is _str else args[0].decode("utf-8", "surrogateescape"))
+        if _type(args[2]) is _int and args[2] & writes and path != "/dev/null":
             return (f"the program opened a file for writing ({path}): ranks share data only "
                     f"through messages (print instead: ringlab grade shows nothing of it, "
                     f"and the self-check does)")
-        why = _off_limits(path)
-        if why:
-            return f"the program opened {path}: {why}"
-    return None
+        parts = path.split("/")
+        if _len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and _int(parts[2]) != getpid():
+            return (f"the program opened {path}: another process's memory and files are not "
+                    f"a rank's to read")
+        if path.startswith(("/dev/shm", "/run/shm")):
+            return f"the program opened {path}: shared memory is a way between ranks outside the messages"
+        if path.endswith(".ipynb"):
+            return f"the program opened {path}: a rank runs the program it was given, not a notebook's cells"
+        return None
+    return why
 
 
-def _off_limits(path):
-    """Why a rank may not open ``path``, even to read it, or ''. Another
-    process's files under /proc (its memory: the grader's, another rank's),
-    shared memory, and notebooks (the book's solutions are notebooks: running
-    their cells is not the learner's own code)."""
-    parts = path.split(os.sep)
-    if len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and int(parts[2]) != os.getpid():
-        return "another process's memory and files are not a rank's to read"
-    if path.startswith(("/dev/shm", "/run/shm")):
-        return "shared memory is a way between ranks outside the messages"
-    if path.endswith(".ipynb"):
-        return "a rank runs the program it was given, not a notebook's cells"
-    return ""
+way_between_ranks = _rule()
+
+
+def _hook(shapes, report):
+    """The rank's audit hook (one cannot remove it): ends the rank by ``report`` when
+    the program breaks the rule of isolated runs (``_rule``), or makes a function
+    of, or runs, a copy of one of ringlab's answers (``shapes``: ``{shape(its
+    code): words}``, ``_copy_finder``): at ``function.__new__`` (unpickling a
+    function, ``types.FunctionType``), ``exec`` (``exec`` and ``eval`` of code or
+    text, an import) and setting a function's ``__code__``, every code object in
+    the code (its functions and comprehensions) is checked. Code alone does
+    nothing: it runs only through one of these, or through bytecode written by
+    hand (see below).
+
+    The program may change anything in its process that Python lets it change, so
+    the hook keeps no state, looks up no name at run time (every name in it is
+    bound here, before the program runs) and runs none of the program's code: it
+    switches the garbage collector off while it runs (a collection could run a
+    finalizer of the program's, which could reach the hook's frame), compares the
+    program's objects by type with ``is`` before any ``==``, and never raises (a
+    traceback would hold its frame). What would reach the hook's objects is not
+    allowed: gc's ways to every object, other threads' frames, Python signal
+    handlers (``_no_hiding_places``).
+
+    Out of its reach, as of any guard inside CPython: bytecode written by hand.
+    CPython does not verify bytecode (a ``LOAD_CONST`` past the constants reads
+    whatever memory is there), so a program that brings its own can do anything
+    in its process; and editing the answer's bytecode is writing one's own."""
+    copied, apart = _copy_finder(shapes), _rule()
+    watched = frozenset(("function.__new__", "exec", "object.__setattr__", "open",
+                         "gc.get_objects", "gc.get_referrers", "gc.get_referents",
+                         "sys._current_frames", *FORBIDDEN_EVENTS))
+    special = ("os.exec", "ctypes.")
+    _type, _str, _code, _len, _BaseException = type, str, types.CodeType, len, BaseException
+    gc_on, gc_off, gc_enabled = gc.enable, gc.disable, gc.isenabled
+
+    def check(event, args):
+        words = apart(event, args)
+        if words:
+            report(words, "NotAllowed")
+        if event == "object.__setattr__":         # f.__code__ = code
+            named_code = _len(args) == 3 and _type(args[1]) is _str and args[1] == "__code__"
+            code = args[2] if named_code else None
+        else:
+            code = args[0] if _len(args) else None
+        if event in ("function.__new__", "exec", "object.__setattr__"):
+            if _type(code) is _code:
+                words = copied(code)
+                if words is not None:
+                    report(f"the program made a copy of {words}", "ReferenceCalled")
+        elif event.startswith("gc.") or event == "sys._current_frames":
+            report(f"the program used {event}, which could reach the grader's guard in its "
+                   f"process and is not allowed in a rank", "NotAllowed")
+        elif event.startswith("ctypes."):
+            report("the program used ctypes, which the grader does not allow", "NotAllowed")
+
+    def hook(event, args):
+        # Nothing may leave the hook, not even a RecursionError that a call at the
+        # program's recursion limit raises: its traceback would hold the hook's
+        # frame, and through it the hook's closures. If even the report fails, the
+        # rank waits here until the grader's time limit ends it.
+        try:
+            if _type(event) is not _str:        # sys.audit(a str subclass of the program's)
+                report("the program raised an audit event whose name is not a str",
+                       "NotAllowed")
+            if event not in watched and not event.startswith(special):
+                return              # most events (attribute reads): nothing to check, nothing made
+            was_on = gc_enabled()
+            gc_off()
+            try:
+                check(event, args)
+            finally:
+                if was_on:
+                    gc_on()
+        except _BaseException:      # noqa: BLE001 - see above
+            try:
+                report(f"the grader could not check what the program did ({event[:80]!r})",
+                       "NotAllowed")
+            except _BaseException:  # noqa: BLE001
+                while True:
+                    pass
+    return hook
 
 
 def _no_hiding_places():
-    """Ways to hold data that neither an audited ``open`` nor the process's
-    resident memory shows: POSIX shared memory (``multiprocessing.shared_memory``:
-    a channel between ranks), and kernel buffers (memfd, pipes to oneself,
-    eventfds: memory the grader's reading of the rank's memory does not see).
-    Their functions are taken away before the program runs: calling or
-    importing them fails."""
-    for name in ("_posixshmem", "multiprocessing.shared_memory"):
+    """Take away, before the program runs, what neither the audit hook nor the
+    grader's reading of the rank's memory would see:
+
+    * POSIX shared memory (``multiprocessing.shared_memory``: a channel between
+      ranks) and kernel buffers (memfd, pipes to oneself, eventfds: memory the
+      grader's reading does not see): calling or importing them fails;
+    * subinterpreters and CPython's test modules: importing them fails;
+    * signal handlers written in Python: one runs between any two bytecodes of
+      the main thread, the audit hook's too, and is handed the frame it stopped
+      (the hook's, and through it the hook's objects). Those set go back to the
+      system's default, ``signal.signal`` goes, and so does ``_imp``'s way to make
+      a fresh ``_signal`` module (every other built-in module is loaded first)."""
+    for name in ("_posixshmem", "multiprocessing.shared_memory",
+                 # Subinterpreters (no audit hook of this interpreter runs in them) and
+                 # CPython's own test modules (C functions that bypass every check).
+                 "_xxsubinterpreters", "_xxinterpchannels", "_testcapi", "_testinternalcapi",
+                 "_testmultiphase", "_testbuffer", "_testimportmultiple", "_ctypes_test"):
         sys.modules[name] = None
     import posix
     for module in (os, posix):
         for name in ("pipe", "pipe2", "memfd_create", "eventfd", "openpty", "mkfifo", "mknod"):
             if hasattr(module, name):
                 delattr(module, name)
+    import _imp
+    import _signal
+    import signal
+    for name in sys.builtin_module_names:
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+    for number in range(1, _signal.NSIG):
+        with contextlib.suppress(Exception):
+            if callable(_signal.getsignal(number)):
+                _signal.signal(number, _signal.SIG_DFL)
+    for module, name in ((_signal, "signal"), (signal, "signal"), (_imp, "create_builtin")):
+        with contextlib.suppress(AttributeError):
+            delattr(module, name)
 
 
-@contextlib.contextmanager
-def no_reference(banned):
-    """Fail the rank if, while the program runs, one of the ``banned`` answers
-    (ringlab's own answers to this exercise, or to another it may not build
-    on) is called, however the program reached it (an import under a name
-    built at run time, a package attribute, gc). Three layers: the answers'
-    code is replaced by a stub that ends the rank; a profiler records every
-    call (on this thread and on the threads of ``comm.start`` works), and a call
-    of a copy of an answer fails the rank when the program returns; an audit
-    hook ends the rank if the program switches the profiler off, reads the
-    source of a module that holds an answer (to make a fresh copy) or uses
-    ctypes. The audit hook also keeps the ranks apart: no file writes,
-    sockets, signals or subprocesses, so the messages are the only way between
-    them."""
+def guard(banned):
+    """For the rest of this process's life, keep the program from ringlab's
+    ``banned`` answers (its own answers to this exercise, or to another it may
+    not build on), however it reaches them, and keep the ranks apart (no file
+    writes, sockets, signals, subprocesses: the messages are the only way between
+    them). Two layers: the answers' code is replaced by a stub that ends the rank
+    (``_poison``), and an audit hook ends the rank when the program makes a
+    function of a copy of their code, or runs one, in any way Python does it
+    (``_hook``). Call it once, after ``CONN`` is set and before the program's
+    bytes are unpickled (unpickling makes the program's functions)."""
     codes = _answers(banned)
-    prints = _poison(codes)
+    shapes = _poison(codes)
     sys.dont_write_bytecode = True       # an import must not write a .pyc: no writes at all
     _no_hiding_places()
-    _audit({os.path.realpath(file) for file, _ in codes})
-    # One profiler for every thread (a profiler per thread would hold its own
-    # records: a ZeRO-3 program's works, a thread each, grew the rank's memory by
-    # 1 MiB a step). It records, in C, every call of Python code: about a tenth
-    # of what a profile hook written in Python costs per call (that hook made a
-    # ZeRO-3 case's ranks 1.7 times slower).
-    profiler = _PROFILER[0] = _lsprof.Profiler(builtins=False)
-
-    def watch():
-        """Switch the profiler on for this thread. The audit hook lets only this
-        function do it, and only for the grader's profiler."""
-        profiler.enable()
-
-    def on_new_thread(frame, event, arg):     # a thread's first event (threading.setprofile)
-        watch()
-    _WATCH[0] = watch.__code__
-    if codes:                  # profiling slows every call: only where it watches something
-        watch()
-        threading.setprofile(on_new_thread)
-    _ARMED[0] = True
-    try:
-        yield
-    finally:
-        _ARMED[0] = False
-        if codes:
-            sys.setprofile(None)
-            threading.setprofile(None)
-        words = _called(profiler, codes, prints)
-        if words:               # as the answers' stubs report it: no traceback of ours
-            _report_and_exit(f"the program called {words}")
-
-
-def _called(profiler, codes, prints):
-    """The words for a banned answer (or a copy of one) that ``profiler`` saw
-    called, or None; the first of them in sorted order if several were (its
-    records have no order)."""
-    words = set()
-    for entry in profiler.getstats():
-        code = entry.code
-        if type(code) is types.CodeType:
-            found = codes.get((code.co_filename, code.co_qualname)) or prints.get(_fingerprint(code))
-            if found is not None:
-                words.add(found)
-    return min(words) if words else None
+    sys.addaudithook(_hook(shapes, _reporter(CONN[0])))
 
 
 def limit(memory_mb):

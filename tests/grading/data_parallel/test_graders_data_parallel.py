@@ -508,7 +508,7 @@ def test_a_bucket_cannot_start_before_its_gradients_exist():
 
 def test_ringlabs_reference_called_under_a_run_time_name_fails_isolated_grading():
     """A red team's trick: the reference reached through a module name built at run
-    time (no string in the pickled bytes names it). The rank's profile hook sees it."""
+    time (no string in the pickled bytes names it). The stub in the rank ends it."""
     import cloudpickle
     import importlib
     from ringlab.grading import GRADERS

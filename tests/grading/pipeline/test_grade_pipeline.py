@@ -169,7 +169,7 @@ def _ref_schedules():
 
 def ofob_profiler_off(r, p, m):
     import sys
-    sys.setprofile(None)                      # the guard's profile hook, switched off
+    sys.setprofile(None)                      # profilers, the guard's of old, switched off
     return _ref_schedules().one_f_one_b_stage(r, p, m)
 
 
@@ -206,16 +206,16 @@ def ofob_grader_answer(r, p, m):
 
 
 @pytest.mark.parametrize("program, phrase", [
-    (ofob_profiler_off, "called sys.setprofile"),
+    (ofob_profiler_off, "called ringlab's own answer to one_f_one_b (ringlab.pipeline.schedules."),
     (ofob_thread_without_hook, "ringlab's own answer to one_f_one_b (ringlab.pipeline.schedules."),
     (ofob_caught, "ringlab's own answer to one_f_one_b (ringlab.pipeline.schedules."),
-    (ofob_exec_source, "read the source of ringlab's answers (schedules.py)"),
+    (ofob_exec_source, "made a copy of ringlab's own answer to one_f_one_b (ringlab.pipeline."),
     (ofob_grader_answer, "answer to one_f_one_b (ringlab.grading.pipeline.one_f_one_b."),
 ], ids=lambda x: getattr(x, "__name__", ""))
 def test_isolated_grading_catches_the_reference_however_it_is_reached(program, phrase):
     """In `ringlab grade`'s rank processes the reference functions are replaced by a
-    stub that ends the rank, an audit hook watches the profiler, the sources and
-    ctypes, and a grader's own answer functions are removed too."""
+    stub that ends the rank, an audit hook catches a copy of their code made from the
+    sources, and a grader's own answer functions are removed too."""
     import importlib
     import cloudpickle
     from ringlab.grading import GRADERS
