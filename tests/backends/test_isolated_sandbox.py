@@ -232,8 +232,8 @@ def test_a_copy_of_an_answer_fails_the_rank_however_it_is_made(program):
 
 
 @pytest.mark.parametrize("program, words", [
-    (gc_objects, "the program used gc.get_objects, which could reach the grader's guard"),
-    (other_threads_frames, "the program used sys._current_frames, which could reach"),
+    (gc_objects, "the program used gc.get_objects (a way to every object of the process)"),
+    (other_threads_frames, "the program used sys._current_frames (every thread's frame)"),
     (subinterpreter, "import of _xxsubinterpreters halted"),
     (signal_handler, "module 'signal' has no attribute 'signal'")],
     ids=["gc", "frames", "subinterpreter", "signal"])

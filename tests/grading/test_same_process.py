@@ -124,12 +124,17 @@ def _adds_to_the_info(comm, x):
     (_adds_to_the_info, "case.info['s']"),
 ], ids=["its_case", "later_cases", "info"])
 def test_a_program_that_changes_the_grader_s_case_fails(program, where):
-    report = ringlab.grade("ring_allreduce", program, seed=0, log=False)
+    # In this process, with nothing to refuse gc: the case's fingerprint tells.
+    report = grade_cases("ring_allreduce", grader, program, seed=0, runner=ringlab.run)
     text = str(report)
     assert not report.passed and report.failure.check == CASE, text
     assert f"the program changed the grader's case while it ran ({where})" in text, text
     if program is _zeros_the_other_cases:       # its own case passed: the next one fails
         assert report.cases_passed == 1, text
+    # The self-check, in a process of its own, refuses gc's walk first, as `ringlab grade`
+    # does (the rule of isolated runs).
+    child = ringlab.grade("ring_allreduce", program, seed=0, log=False)
+    assert not child.passed and "NotAllowed" in str(child) and "gc.get_objects" in str(child)
 
 
 def test_what_the_grader_adds_to_its_case_and_right_programs_pass():
