@@ -240,24 +240,24 @@ def _poison(codes):
     """Replace the code of every banned answer in this process by a stub that
     ends the rank: the answer no longer exists here, however the program
     reaches it (sys.modules, a package attribute, the function's ``__wrapped__``).
-    The originals are dropped, not kept: only their signatures are (returned,
+    The originals are dropped, not kept: only their shapes are (returned,
     ``{shape(code): words}``), to know a copy of them (``_copy_finder``)."""
-    signatures, stubs_report = {}, _reporter(CONN[0])
+    shapes, stubs_report = {}, _reporter(CONN[0])
 
     def called(words):              # a reporter of the stubs' own: the program can reach it
         stubs_report(words, "ReferenceCalled")
     for key, variants in _optimized(codes).items():
         for variant in variants:                   # the same source under -O and -OO
-            signatures[variant] = codes[key]
+            shapes[variant] = codes[key]
     for obj in _functions(codes):
         code = obj.__code__
         words = codes.get((code.co_filename, code.co_qualname))
         if words is not None:
-            signatures[shape(code)] = words
+            shapes[shape(code)] = words
             # The stub runs with the answer's own globals: its one name goes there.
             obj.__globals__["_ringlab_answer_called"] = called
             obj.__code__ = _stub(f"the program called {words}", code.co_freevars)
-    return signatures
+    return shapes
 
 
 # The zygote's pid, its functions by (file, qualname), and its answers' shapes
