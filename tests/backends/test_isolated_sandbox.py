@@ -377,3 +377,51 @@ def test_the_copy_finder_compares_the_program_s_objects_only_when_plain():
     ran.clear()
     assert copied(code.replace(co_name="mine")) == "the answer"
     assert [copied(c) for c in with_odd] == [None, None] and not ran
+
+
+def _reference_rule(event, args):
+    """The rule for ``open`` as it read with ``os.path.realpath`` (Python code over module
+    globals, which the hook may not call): the reference the guard's own path resolution
+    (``sandbox._rule``, with ``os.lstat`` and ``os.readlink`` bound) must agree with."""
+    path = os.path.realpath(os.fsdecode(args[0]))
+    if args[2] & sandbox._WRITES and path != os.devnull:
+        return f"the program opened a file for writing ({path})"
+    parts = path.split(os.sep)
+    if len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and int(parts[2]) != os.getpid():
+        return f"the program opened {path}: another process's"
+    if path.startswith(("/dev/shm", "/run/shm")):
+        return f"the program opened {path}: shared memory"
+    if path.endswith(".ipynb"):
+        return f"the program opened {path}: a rank runs"
+    return None
+
+
+def test_the_rule_resolves_paths_as_realpath_does(tmp_path, monkeypatch):
+    """Symbolic links (to /proc of another process, to shared memory, to a notebook,
+    chains, loops, relative ones), "..", ".", "//", relative paths and bytes: every
+    verdict of the rule on ``open`` is the one ``os.path.realpath`` gives."""
+    other = os.getppid()
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "nb.ipynb").write_text("{}")
+    links = {"to_proc": f"/proc/{other}/status", "to_self": "/proc/self/status",
+             "to_shm": "/dev/shm", "to_nb": str(tmp_path / "nb.ipynb"), "rel": "dir/../nb.ipynb",
+             "chain": "to_proc", "loop_a": "loop_b", "loop_b": "loop_a", "up": "..",
+             "to_dir": "dir", "dangling": "nowhere/x"}
+    for name, target in links.items():
+        os.symlink(target, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    paths = [*links, *(f"{name}/x" for name in links), "dir/../to_proc", "./to_nb",
+             "to_dir/../to_shm", "up/" + tmp_path.name + "/to_proc", "//proc/self/status",
+             f"/proc/{other}/../{os.getpid()}/status", "/proc/self/root/proc/self/status",
+             f"/proc/self/root/proc/{other}/mem", "/dev/null", "/dev/./null", "nb.ipynb",
+             str(tmp_path / "to_dir" / ".." / "nb.ipynb"), "plain.txt", "/tmp"]
+    paths += [p.encode() for p in paths[:6]]
+    checked = 0
+    for path in paths:
+        for flags in (os.O_RDONLY, os.O_WRONLY | os.O_CREAT, os.O_RDWR):
+            want = _reference_rule("open", (path, "r", flags))
+            got = sandbox.way_between_ranks("open", (path, "r", flags))
+            assert (got is None) == (want is None) and (got or "").startswith(want or ""), (
+                path, flags, got, want)
+            checked += want is not None
+    assert checked > 40
