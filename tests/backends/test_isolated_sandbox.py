@@ -387,8 +387,8 @@ def _reference_rule(event, args):
     if args[2] & sandbox._WRITES and path != os.devnull:
         return f"the program opened a file for writing ({path})"
     parts = path.split(os.sep)
-    if len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and int(parts[2]) != os.getpid():
-        return f"the program opened {path}: another process's"
+    if len(parts) > 1 and parts[1] == "proc" and (len(parts) < 3 or parts[2] != str(os.getpid())):
+        return f"the program opened {path}: /proc beyond the rank's own process"
     if path.startswith(("/dev/shm", "/run/shm")):
         return f"the program opened {path}: shared memory"
     if path.endswith(".ipynb"):
@@ -414,7 +414,8 @@ def test_the_rule_resolves_paths_as_realpath_does(tmp_path, monkeypatch):
              "to_dir/../to_shm", "up/" + tmp_path.name + "/to_proc", "//proc/self/status",
              f"/proc/{other}/../{os.getpid()}/status", "/proc/self/root/proc/self/status",
              f"/proc/self/root/proc/{other}/mem", "/dev/null", "/dev/./null", "nb.ipynb",
-             str(tmp_path / "to_dir" / ".." / "nb.ipynb"), "plain.txt", "/tmp"]
+             str(tmp_path / "to_dir" / ".." / "nb.ipynb"), "plain.txt", "/tmp", "/proc/locks",
+             "/proc", "/proc/self/../locks", "/proc/thread-self/status"]
     paths += [p.encode() for p in paths[:6]]
     checked = 0
     for path in paths:
@@ -425,3 +426,68 @@ def test_the_rule_resolves_paths_as_realpath_does(tmp_path, monkeypatch):
                 path, flags, got, want)
             checked += want is not None
     assert checked > 40
+
+
+# Ways between rank processes outside the messages (a red team's), each refused.
+def write_by_a_str_subclass(comm, x):
+    class Path(str):
+        pass
+    with open(Path(os.path.join(os.environ.get("TMPDIR", "/tmp"), "ringlab-rank")), "wb") as f:
+        f.write(b"x")
+    return x
+
+
+def sqlite_file(comm, x):
+    import sqlite3
+    sqlite3.connect(os.path.join(os.environ.get("TMPDIR", "/tmp"), "ringlab-rank.db"))
+    return x
+
+
+def child_without_audit(comm, x):
+    import _posixsubprocess
+    _posixsubprocess.fork_exec
+    return x
+
+
+def limits_of_another_process(comm, x):
+    import resource
+    resource.prlimit(os.getppid(), resource.RLIMIT_CORE)
+    return x
+
+
+def kernel_lock_table(comm, x):
+    open("/proc/locks").read()
+    return x
+
+
+def signal_by_pidfd(comm, x):
+    os.pidfd_open(os.getppid())
+    return x
+
+
+@pytest.mark.parametrize("program, words", [
+    (write_by_a_str_subclass, "the program opened a file for writing"),
+    (sqlite_file, "the program used sqlite3"),
+    (child_without_audit, "has no attribute 'fork_exec'"),
+    (limits_of_another_process, "the program used resource.prlimit on another process"),
+    (kernel_lock_table, "the program opened /proc/locks: /proc beyond the rank's own process"),
+    (signal_by_pidfd, "has no attribute 'pidfd_open'")], ids=lambda p: getattr(p, "__name__", ""))
+def test_ways_between_ranks_outside_the_messages_fail_the_rank(program, words):
+    with pytest.raises(RankError) as caught:
+        run(program)
+    assert words in str(caught.value.exc)
+
+
+def open_files(comm, x):
+    import stat
+    fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+    shared = [fd for fd in fds if fd <= 2 and not stat.S_ISCHR(os.fstat(fd).st_mode)]
+    return np.array([float(len(fds)), float(len(shared))])
+
+
+def test_a_rank_keeps_no_file_the_zygote_had_open():
+    """Every rank inherited the zygote's open files, whose flags (O_NONBLOCK) all of them
+    share: a channel. A rank has its standard streams (its own /dev/null), its pipe to the
+    grader and the directory it lists."""
+    for count, shared in run(open_files).outputs:
+        assert count == 5 and shared == 0

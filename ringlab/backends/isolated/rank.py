@@ -12,6 +12,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
+import resource
 import sys
 import threading
 import traceback
@@ -32,9 +33,15 @@ def rank_main(conn, program_bytes, memory_mb, banned=(), warm_up=True):
         sandbox.warm_up()
     # What a rank prints goes nowhere: the grader's console is the instructor's,
     # and a printed "All test cases passed!" there would be a forgery.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    # No file the zygote had open stays open: every rank inherits the same ones, and an
+    # open file's flags (O_NONBLOCK) are shared by every process that holds it, a channel
+    # between ranks outside the messages. Standard input too: this rank's /dev/null now.
+    keep = conn.fileno()
+    os.closerange(3, keep)
+    os.closerange(keep + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     try:
         import cloudpickle
         sandbox.CONN[0] = conn

@@ -114,7 +114,12 @@ FORBIDDEN_EVENTS = {"mmap.__new__": "mmap (memory the grader's measurement does 
                     # data; in a rank's, the guard's own), every thread's frame.
                     **{f"gc.{name}": f"gc.{name} (a way to every object of the process)"
                        for name in ("get_objects", "get_referrers", "get_referents")},
-                    "sys._current_frames": "sys._current_frames (every thread's frame)"}
+                    "sys._current_frames": "sys._current_frames (every thread's frame)",
+                    # What other processes see: locks, a database file written in C.
+                    "fcntl.fcntl": "fcntl (flags and locks other processes see)",
+                    "fcntl.ioctl": "ioctl", "fcntl.flock": "file locks", "fcntl.lockf": "file locks",
+                    "os.lockf": "file locks", "os.removexattr": "os.removexattr",
+                    "sqlite3.connect": "sqlite3 (a database is a file, written in C)"}
 # open() for writing: ranks are separate processes so that they share nothing
 # but messages; a file one rank writes and another reads would be a channel the
 # trace does not see (a red team summed a vector that way, with no messages).
@@ -365,7 +370,9 @@ def _rule():
     table = types.MappingProxyType(dict(FORBIDDEN_EVENTS))
     writes, getpid, getcwd, lstat, readlink = _WRITES, os.getpid, os.getcwd, os.lstat, os.readlink
     is_link, _type, _str, _bytes, _int, _len = stat.S_ISLNK, type, str, bytes, int, len
-    _OSError = OSError
+    _OSError, _TypeError = OSError, TypeError
+    # An exact copy of a str (bytes) subclass's value, in C: nothing of the program's runs.
+    str_of, bytes_of = str.__str__, bytes.__bytes__
 
     def real(path):
         """``path`` with every symbolic link and ``..`` resolved, as the kernel opens it."""
@@ -395,20 +402,34 @@ def _rule():
     def why(event, args):
         if event in table or event.startswith("os.exec"):
             return f"the program used {table.get(event, event)}, which the grader does not allow"
+        if event == "resource.prlimit":        # another process's limits: a channel
+            pid = args[0] if _len(args) else None
+            if _type(pid) is not _int or pid != 0 and pid != getpid():
+                return "the program used resource.prlimit on another process, which the grader does not allow"
+            return None
         if event != "open":
             return None
-        kind = _type(args[0])                 # with is: == on a type of the program's runs its code
+        path = args[0]
+        kind = _type(path)                    # with is: == on a type of the program's runs its code
         if kind is not _str and kind is not _bytes:
-            return None
-        path = real(args[0] if kind is _str else args[0].decode("utf-8", "surrogateescape"))
+            try:
+                path = str_of(path)           # a str subclass's path (TypeError: not a str)
+            except _TypeError:
+                try:
+                    path = bytes_of(path)
+                except _TypeError:
+                    return None               # a file descriptor
+            kind = _type(path)
+        path = real(path if kind is _str else path.decode("utf-8", "surrogateescape"))
         if _type(args[2]) is _int and args[2] & writes and path != "/dev/null":
             return (f"the program opened a file for writing ({path}): ranks share data only "
                     f"through messages (print instead: ringlab grade shows nothing of it, "
                     f"and the self-check does)")
         parts = path.split("/")
-        if _len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and _int(parts[2]) != getpid():
-            return (f"the program opened {path}: another process's memory and files are not "
-                    f"a rank's to read")
+        if _len(parts) > 1 and parts[1] == "proc" and (_len(parts) < 3 or parts[2] != f"{getpid()}"):
+            return (f"the program opened {path}: /proc beyond the rank's own process (another "
+                    f"process's memory and files, the kernel's tables of locks) is not a "
+                    f"rank's to read")
         if path.startswith(("/dev/shm", "/run/shm")):
             return f"the program opened {path}: shared memory is a way between ranks outside the messages"
         if path.endswith(".ipynb"):
@@ -447,7 +468,7 @@ def _hook(shapes, report):
     in its process; and editing the answer's bytecode is writing one's own."""
     copied, apart = _copy_finder(shapes), _rule()
     watched = frozenset(("function.__new__", "exec", "object.__setattr__", "open",
-                         *FORBIDDEN_EVENTS))
+                         "resource.prlimit", *FORBIDDEN_EVENTS))
     special = ("os.exec", "ctypes.")
     _type, _str, _code, _len, _BaseException = type, str, types.CodeType, len, BaseException
     gc_on, gc_off, gc_enabled = gc.enable, gc.disable, gc.isenabled
@@ -505,6 +526,8 @@ def _no_hiding_places():
       ranks) and kernel buffers (memfd, pipes to oneself, eventfds: memory the
       grader's reading does not see): calling or importing them fails;
     * subinterpreters and CPython's test modules: importing them fails;
+    * ways to other processes that raise no audit event (``_posixsubprocess``'s
+      ``fork_exec``, pidfds, another process's priority): they are taken away;
     * signal handlers written in Python: one runs between any two bytecodes of
       the main thread, the audit hook's too, and is handed the frame it stopped
       (the hook's, and through it the hook's objects). Those set go back to the
@@ -531,7 +554,17 @@ def _no_hiding_places():
         with contextlib.suppress(Exception):
             if callable(_signal.getsignal(number)):
                 _signal.signal(number, _signal.SIG_DFL)
-    for module, name in ((_signal, "signal"), (signal, "signal"), (_imp, "create_builtin")):
+    import _posixsubprocess
+    for module, name in ((_signal, "signal"), (signal, "signal"), (_imp, "create_builtin"),
+                         # Ways to another process that raise no audit event: a child
+                         # (no hook of ours runs there), signals by pidfd or to a thread,
+                         # priorities and scheduling read and set across processes.
+                         (_posixsubprocess, "fork_exec"), (os, "pidfd_open"),
+                         (_signal, "pidfd_send_signal"), (signal, "pidfd_send_signal"),
+                         (_signal, "pthread_kill"), (signal, "pthread_kill"),
+                         (os, "getpriority"), (os, "setpriority"), (os, "sched_setaffinity"),
+                         (os, "sched_setscheduler"), (os, "sched_setparam"),
+                         (os, "setpgid"), (os, "setsid"), (os, "setpgrp")):
         with contextlib.suppress(AttributeError):
             delattr(module, name)
 
