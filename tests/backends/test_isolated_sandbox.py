@@ -386,8 +386,11 @@ def _reference_rule(event, args):
     path = os.path.realpath(os.fsdecode(args[0]))
     if args[2] & sandbox._WRITES and path != os.devnull:
         return f"the program opened a file for writing ({path})"
+    if os.path.isdir(path):
+        return f"the program opened the directory {path}"
     parts = path.split(os.sep)
-    if len(parts) > 1 and parts[1] == "proc" and (len(parts) < 3 or parts[2] != str(os.getpid())):
+    if len(parts) > 1 and parts[1] == "proc" and (len(parts) < 3 or parts[2] != str(os.getpid())) \
+            and path not in ("/proc/cpuinfo", "/proc/meminfo"):
         return f"the program opened {path}: /proc beyond the rank's own process"
     if path.startswith(("/dev/shm", "/run/shm")):
         return f"the program opened {path}: shared memory"
@@ -415,7 +418,7 @@ def test_the_rule_resolves_paths_as_realpath_does(tmp_path, monkeypatch):
              f"/proc/{other}/../{os.getpid()}/status", "/proc/self/root/proc/self/status",
              f"/proc/self/root/proc/{other}/mem", "/dev/null", "/dev/./null", "nb.ipynb",
              str(tmp_path / "to_dir" / ".." / "nb.ipynb"), "plain.txt", "/tmp", "/proc/locks",
-             "/proc", "/proc/self/../locks", "/proc/thread-self/status"]
+             "/proc", "/proc/self/../locks", "/proc/thread-self/status", "/proc/cpuinfo"]
     paths += [p.encode() for p in paths[:6]]
     checked = 0
     for path in paths:
@@ -465,7 +468,29 @@ def signal_by_pidfd(comm, x):
     return x
 
 
+def a_directory_s_descriptor(comm, x):
+    os.open("/tmp", os.O_RDONLY)            # then dir_fd= would take paths around the rule
+    return x
+
+
+def another_process_s_files(comm, x):
+    os.listdir(f"/proc/{os.getppid()}/fd")
+    return x
+
+
+def functions_taken_away(comm, x):
+    import posix
+    import subprocess
+    gone = [f"{m.__name__}.{n}" for m, n in ((posix, "getpriority"), (posix, "pidfd_open"),
+            (posix, "posix_fadvise"), (posix, "preadv"), (subprocess, "_fork_exec"))
+            if hasattr(m, n)]
+    raise AttributeError(f"still there: {gone}" if gone else "all gone")
+
+
 @pytest.mark.parametrize("program, words", [
+    (a_directory_s_descriptor, "the program opened the directory /tmp"),
+    (another_process_s_files, "/proc beyond the rank's own process"),
+    (functions_taken_away, "all gone"),
     (write_by_a_str_subclass, "the program opened a file for writing"),
     (sqlite_file, "the program used sqlite3"),
     (child_without_audit, "has no attribute 'fork_exec'"),
@@ -483,6 +508,21 @@ def open_files(comm, x):
     fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
     shared = [fd for fd in fds if fd <= 2 and not stat.S_ISCHR(os.fstat(fd).st_mode)]
     return np.array([float(len(fds)), float(len(shared))])
+
+
+def stdin_and_tempdir(comm, x):
+    import sys
+    import tempfile
+    assert sys.stdin.read() == "" and tempfile.gettempdir()
+    with open("/proc/cpuinfo") as f:
+        f.read(10)
+    return x
+
+
+def test_what_a_right_program_may_read_still_works():
+    """Its standard input (empty: it reads nothing), the temporary folder's name, what
+    the kernel says of the machine."""
+    assert len(run(stdin_and_tempdir).outputs) == 3
 
 
 def test_a_rank_keeps_no_file_the_zygote_had_open():

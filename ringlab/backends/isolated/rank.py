@@ -39,6 +39,8 @@ def rank_main(conn, program_bytes, memory_mb, banned=(), warm_up=True):
     # No file the zygote had open stays open: every rank inherits the same ones, and an
     # open file's flags (O_NONBLOCK) are shared by every process that holds it, a channel
     # between ranks outside the messages. Standard input too: this rank's /dev/null now.
+    # sys.stdin read multiprocessing's /dev/null on a descriptor of its own: fd 0 now.
+    sys.stdin = open(0, encoding="utf-8", closefd=False)
     keep = conn.fileno()
     os.closerange(3, keep)
     os.closerange(keep + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])

@@ -371,6 +371,11 @@ def _rule():
     writes, getpid, getcwd, lstat, readlink = _WRITES, os.getpid, os.getcwd, os.lstat, os.readlink
     is_link, _type, _str, _bytes, _int, _len = stat.S_ISLNK, type, str, bytes, int, len
     _OSError, _TypeError = OSError, TypeError
+    stat_, is_dir = os.stat, stat.S_ISDIR
+    walks = frozenset(("os.listdir", "os.scandir", "os.chdir"))
+    # What the kernel says of the machine, the same for every process: readable.
+    kernel_facts = frozenset(f"/proc/{name}" for name in (
+        "cpuinfo", "meminfo", "version", "uptime", "loadavg", "stat", "filesystems"))
     # An exact copy of a str (bytes) subclass's value, in C: nothing of the program's runs.
     str_of, bytes_of = str.__str__, bytes.__bytes__
 
@@ -407,6 +412,13 @@ def _rule():
             if _type(pid) is not _int or pid != 0 and pid != getpid():
                 return "the program used resource.prlimit on another process, which the grader does not allow"
             return None
+        if event in walks and _len(args) and _type(args[0]) is _str:
+            path = real(args[0])          # a directory of /proc (another process's fds)
+            parts = path.split("/")
+            if _len(parts) > 1 and parts[1] == "proc" and (_len(parts) < 3 or parts[2] != f"{getpid()}"):
+                return (f"the program looked into {path}: /proc beyond the rank's own process "
+                        f"is not a rank's to read")
+            return None
         if event != "open":
             return None
         path = args[0]
@@ -425,8 +437,16 @@ def _rule():
             return (f"the program opened a file for writing ({path}): ranks share data only "
                     f"through messages (print instead: ringlab grade shows nothing of it, "
                     f"and the self-check does)")
+        try:
+            directory = is_dir(stat_(path).st_mode)
+        except _OSError:
+            directory = False
+        if directory:       # a directory's descriptor as dir_fd: a path this rule never sees
+            return (f"the program opened the directory {path}: a rank opens files, not "
+                    f"directories (list them with os.listdir)")
         parts = path.split("/")
-        if _len(parts) > 1 and parts[1] == "proc" and (_len(parts) < 3 or parts[2] != f"{getpid()}"):
+        if (_len(parts) > 1 and parts[1] == "proc" and path not in kernel_facts
+                and (_len(parts) < 3 or parts[2] != f"{getpid()}")):
             return (f"the program opened {path}: /proc beyond the rank's own process (another "
                     f"process's memory and files, the kernel's tables of locks) is not a "
                     f"rank's to read")
@@ -468,7 +488,8 @@ def _hook(shapes, report):
     in its process; and editing the answer's bytecode is writing one's own."""
     copied, apart = _copy_finder(shapes), _rule()
     watched = frozenset(("function.__new__", "exec", "object.__setattr__", "open",
-                         "resource.prlimit", *FORBIDDEN_EVENTS))
+                         "resource.prlimit", "os.listdir", "os.scandir", "os.chdir",
+                         *FORBIDDEN_EVENTS))
     special = ("os.exec", "ctypes.")
     _type, _str, _code, _len, _BaseException = type, str, types.CodeType, len, BaseException
     gc_on, gc_off, gc_enabled = gc.enable, gc.disable, gc.isenabled
@@ -555,16 +576,20 @@ def _no_hiding_places():
             if callable(_signal.getsignal(number)):
                 _signal.signal(number, _signal.SIG_DFL)
     import _posixsubprocess
+    import subprocess
     for module, name in ((_signal, "signal"), (signal, "signal"), (_imp, "create_builtin"),
-                         # Ways to another process that raise no audit event: a child
-                         # (no hook of ours runs there), signals by pidfd or to a thread,
-                         # priorities and scheduling read and set across processes.
-                         (_posixsubprocess, "fork_exec"), (os, "pidfd_open"),
+                         # A child process without an audit event (no hook of ours runs
+                         # there), and subprocess's own name for it.
+                         (_posixsubprocess, "fork_exec"), (subprocess, "_fork_exec"),
                          (_signal, "pidfd_send_signal"), (signal, "pidfd_send_signal"),
                          (_signal, "pthread_kill"), (signal, "pthread_kill"),
-                         (os, "getpriority"), (os, "setpriority"), (os, "sched_setaffinity"),
-                         (os, "sched_setscheduler"), (os, "sched_setparam"),
-                         (os, "setpgid"), (os, "setsid"), (os, "setpgrp")):
+                         *((m, name) for m in (os, posix) for name in (
+                             # signals by pidfd; priorities, scheduling and process groups
+                             # set and read across processes; the page cache's state
+                             # (evicting pages, reading only if cached): channels
+                             "pidfd_open", "getpriority", "setpriority", "sched_setaffinity",
+                             "sched_setscheduler", "sched_setparam", "setpgid", "setsid",
+                             "setpgrp", "posix_fadvise", "preadv", "pwritev"))):
         with contextlib.suppress(AttributeError):
             delattr(module, name)
 

@@ -14,8 +14,11 @@ rank uses it only when its parent process built it).
 """
 
 import gc
+import tempfile
 
 from . import sandbox
 
+# The temporary folder is found by writing a file in it, which a rank may not do.
+tempfile.gettempdir()
 sandbox.index_functions()
 gc.freeze()
