@@ -8,11 +8,13 @@ of its own; these guards keep it to its own data and its own work:
 * an audit hook (which cannot be removed) ends the rank if the program makes a
   function of a copy of an answer's code or runs one (however the copy was
   made: pickled by value, ``types.CodeType``, ``code.replace``, ``marshal``,
-  compiled from the answer's source), writes a file,
-  makes or renames one, signals, opens a socket, maps memory, forks or starts a
-  process (ways to another rank's process, or around the grader's memory
-  reading), loads C code through ctypes, asks gc for its objects or another
-  thread for its frames;
+  compiled from the answer's source), writes a file, makes or renames one,
+  locks one, opens a directory or /proc beyond its own process, signals, opens
+  a socket, maps memory, forks or starts a process (ways to another rank's
+  process, or around the grader's memory reading), loads C code through
+  ctypes, asks gc for its objects or another thread for its frames;
+* functions that reach other processes without an audit event are taken away
+  (``_no_hiding_places``), and a rank keeps no file the zygote had open;
 * limits: address space, file size; the process is not dumpable; malloc gives
   freed arrays back to the system, so the grader's reading of the process's
   resident memory, from outside, tracks what it holds.
