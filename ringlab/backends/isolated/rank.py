@@ -38,8 +38,8 @@ def rank_main(conn, program_bytes, memory_mb, banned=(), warm_up=True):
         os.dup2(devnull, fd)
     # No file the zygote had open stays open: every rank inherits the same ones, and an
     # open file's flags (O_NONBLOCK) are shared by every process that holds it, a channel
-    # between ranks outside the messages. Standard input too: this rank's /dev/null now.
-    # sys.stdin read multiprocessing's /dev/null on a descriptor of its own: fd 0 now.
+    # between ranks outside the messages. Standard input is this rank's /dev/null on fd 0
+    # (multiprocessing's sys.stdin read one on a descriptor of its own, closed below).
     sys.stdin = open(0, encoding="utf-8", closefd=False)
     keep = conn.fileno()
     os.closerange(3, keep)

@@ -32,7 +32,6 @@ import _json
 import contextlib
 import gc
 import importlib
-import importlib.util
 import os
 import resource
 import stat
@@ -287,14 +286,13 @@ def index_functions():
             code = obj.__code__
             index.setdefault((code.co_filename, code.co_qualname), []).append(obj)
     from ... import answers
-    keys = set()
-    for functions in answers.registry().values():
-        for fn in functions:
-            while type(fn) is types.FunctionType and fn.__code__.co_qualname != fn.__qualname__:
-                fn = getattr(fn, "__wrapped__", None)
-            if type(fn) is types.FunctionType:
-                keys.add((fn.__code__.co_filename, fn.__code__.co_qualname))
-    _INDEX[:] = [os.getpid(), index, _optimized(keys)]
+    _INDEX[:] = [os.getpid(), index, _optimized(_answers(answers.forbidden(None)))]
+
+
+def _forked_from_index():
+    """Whether this is a rank process (``rank_main`` has set ``CONN``) forked from the
+    process that built ``_INDEX``: then the index holds what this process holds."""
+    return CONN[0] is not None and _INDEX[0] == os.getppid()
 
 
 def _functions(codes):
@@ -303,9 +301,8 @@ def _functions(codes):
     process that built the index (nothing has made a function since but our own
     start-up) and every answer's module was loaded there; else every function of
     the process."""
-    zygote, index, _ = _INDEX
-    if (CONN[0] is not None and zygote == os.getppid()
-            and all(key in index for key in codes)):
+    index = _INDEX[1]
+    if _forked_from_index() and all(key in index for key in codes):
         return [fn for key in codes for fn in index[key]]
     gc.unfreeze()        # gc.get_objects() leaves out frozen objects (the zygote freezes its own)
     return [obj for obj in gc.get_objects() if type(obj) is types.FunctionType]
@@ -317,8 +314,7 @@ def _optimized(keys):
     answer's source with ``optimize=`` 1 or 2 makes (-OO drops the docstring, and
     the constants after it move: other bytecode, the same answer). From the
     zygote's index where it has them (``index_functions``), else compiled now."""
-    zygote, _, known = _INDEX
-    known = known if CONN[0] is not None and zygote == os.getppid() else {}
+    known = _INDEX[2] if _forked_from_index() else {}
     found, files = {}, {}
     for key in keys:
         if key in known:
@@ -406,6 +402,11 @@ def _rule():
                 done.append(part)
         return "/" + "/".join(done)
 
+    def beyond_own_process(path):
+        """Whether ``path`` (resolved) is under /proc but not this process's own."""
+        parts = path.split("/")
+        return _len(parts) > 1 and parts[1] == "proc" and (_len(parts) < 3 or parts[2] != f"{getpid()}")
+
     def why(event, args):
         if event in table or event.startswith("os.exec"):
             return f"the program used {table.get(event, event)}, which the grader does not allow"
@@ -416,8 +417,7 @@ def _rule():
             return None
         if event in walks and _len(args) and _type(args[0]) is _str:
             path = real(args[0])          # a directory of /proc (another process's fds)
-            parts = path.split("/")
-            if _len(parts) > 1 and parts[1] == "proc" and (_len(parts) < 3 or parts[2] != f"{getpid()}"):
+            if beyond_own_process(path):
                 return (f"the program looked into {path}: /proc beyond the rank's own process "
                         f"is not a rank's to read")
             return None
@@ -446,9 +446,7 @@ def _rule():
         if directory:       # a directory's descriptor as dir_fd: a path this rule never sees
             return (f"the program opened the directory {path}: a rank opens files, not "
                     f"directories (list them with os.listdir)")
-        parts = path.split("/")
-        if (_len(parts) > 1 and parts[1] == "proc" and path not in kernel_facts
-                and (_len(parts) < 3 or parts[2] != f"{getpid()}")):
+        if path not in kernel_facts and beyond_own_process(path):
             return (f"the program opened {path}: /proc beyond the rank's own process (another "
                     f"process's memory and files, the kernel's tables of locks) is not a "
                     f"rank's to read")
