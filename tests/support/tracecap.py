@@ -10,7 +10,10 @@ sent and in trace order, spans, computes, memory, unreceived messages, groups,
 recorded and handed payloads (bytes, shape, dtype, strides), outputs, and each
 actor's final clock and time. Tests that draw examples at random (hypothesis)
 run different worlds each time: compare those with tests/sim/test_fast_path.py.
-Not collected as tests (no test_ prefix); loaded only with ``-p``.
+Not collected as tests (no test_ prefix). The simulator is patched only when pytest
+loads this file as a plugin (``-p``, ``pytest_configure``): ``--doctest-modules``
+imports every file under tests/, and a patch made on import would fingerprint every
+run of every test session.
 """
 import hashlib, os, pickle, collections
 import numpy as np
@@ -51,7 +54,10 @@ def release(self):
     runs[(state["node"], state["k"])] = rec
     state["k"] += 1
     return orig_release(self)
-W.World.release = release
+
+
+def pytest_configure(config):
+    W.World.release = release
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
