@@ -1,7 +1,7 @@
 """The cross-check: the same training with PyTorch's FSDP2 ``fully_shard`` on a 2-D mesh.
 
-``train_fsdp2(shape, batches, sizes=..., seed=..., lr=...)`` spawns R*S CPU
-processes (gloo), lays them out with ``init_device_mesh("cpu", (R, S),
+``train_fsdp2(shape, batches, sizes=..., seed=..., lr=...)`` runs on R*S CPU
+processes of the torch backend (gloo, as ``torch_ddp.train_ddp``), lays them out with ``init_device_mesh("cpu", (R, S),
 mesh_dim_names=("replicate", "shard"))``, builds in each the float64 torch twin
 of ``ringlab.nn.mlp_model(sizes)``, applies ``fully_shard(layer, mesh=mesh)``
 to every Linear and then to the whole model (FSDP2's HSDP: parameters sharded
@@ -24,7 +24,7 @@ has the ReduceScatter FSDP2 needs); needs torch, importing this module does not.
 
 import numpy as np
 
-from ..data_parallel.torch_ddp import gloo_group, run_gloo_workers, torch_twin
+from ..data_parallel.torch_ddp import run_gloo_workers, torch_twin
 
 
 def torch_twin64(sizes, seed):
@@ -32,37 +32,36 @@ def torch_twin64(sizes, seed):
     return torch_twin(sizes, seed, dtype="float64")
 
 
-def _worker(rank, world_size, init_file, shape, batches, sizes, seed, lr, out_file):
+def _rank(comm, _, shape, batches, sizes, seed, lr):
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    with gloo_group(rank, world_size, init_file):
-        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
-        model = torch_twin64(sizes, seed)
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        opt = torch.optim.Adam(model.parameters(), lr=lr)
-        for x, y in batches:
-            xs = torch.from_numpy(np.array_split(x, world_size)[rank])
-            ys = torch.from_numpy(np.array_split(y, world_size)[rank])
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(xs), ys).backward()
-            opt.step()
-        full = []                                   # every rank takes part in full_tensor()
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                full += [layer.weight.full_tensor().detach().numpy().T.ravel(),
-                         layer.bias.full_tensor().detach().numpy()]
-        if rank == 0:
-            np.save(out_file, np.concatenate(full))
+    rank, world_size = comm.rank, comm.world_size
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
+    model = torch_twin64(sizes, seed)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for x, y in batches:
+        xs = torch.from_numpy(np.array_split(x, world_size)[rank])
+        ys = torch.from_numpy(np.array_split(y, world_size)[rank])
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(xs), ys).backward()
+        opt.step()
+    full = []                                   # every rank takes part in full_tensor()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            full += [layer.weight.full_tensor().detach().numpy().T.ravel(),
+                     layer.bias.full_tensor().detach().numpy()]
+    return np.concatenate(full)
 
 
 def train_fsdp2(shape, batches, *, sizes, seed, lr, timeout=120.0):
     """FSDP2 HSDP on R*S gloo processes; rank 0's final parameters, flat.
     Raises ``TimeoutError`` if the processes have not finished within ``timeout`` s."""
     R, S = shape
-    return run_gloo_workers(_worker, R * S, (tuple(shape), batches, sizes, seed, lr),
+    return run_gloo_workers(_rank, R * S, (tuple(shape), batches, sizes, seed, lr),
                             what="FSDP2 fully_shard (HSDP)", timeout=timeout)

@@ -1,7 +1,7 @@
 """The cross-check: the same training with torch's ``ZeroRedundancyOptimizer``.
 
-``train_zero(world_size, batches, sizes=..., seed=..., lr=...)`` spawns
-``world_size`` fresh CPU processes (gloo), builds in each the torch twin of
+``train_zero(world_size, batches, sizes=..., seed=..., lr=...)`` runs on
+``world_size`` CPU processes of the torch backend (gloo), builds in each the torch twin of
 ``ringlab.nn.mlp_model(sizes)`` (``torch_ddp.torch_twin``), wraps it in DDP
 and trains it with ``torch.distributed.optim.ZeroRedundancyOptimizer`` around
 ``torch.optim.Adam``: torch's ZeRO-1, where each rank keeps Adam's state for
@@ -12,11 +12,11 @@ as one flat float64 vector in ringlab's order and layout, to compare with
 ``ringlab.zero.zero1_adam``.
 
 DDP averages by dividing the gradients' sum by the world size: use batches
-divisible by ``world_size``. Started with "spawn" and bounded by ``timeout``,
-as ``torch_ddp.train_ddp`` is (its docstring says why not "fork").
+divisible by ``world_size``. Run and bounded by ``timeout`` as
+``torch_ddp.train_ddp`` is (its docstring says on which processes, and why).
 """
 
-from ..data_parallel.torch_ddp import ddp_worker, run_gloo_workers
+from ..data_parallel.torch_ddp import ddp_rank, run_gloo_workers
 
 
 def zero_adam(params, lr):
@@ -32,5 +32,5 @@ def train_zero(world_size, batches, *, sizes, seed, lr, timeout=120.0):
     """Train with DDP + ZeroRedundancyOptimizer(Adam) on ``world_size`` gloo
     processes; rank 0's final parameters. Raises ``TimeoutError`` (after
     stopping the processes) if they have not all finished within ``timeout`` s."""
-    return run_gloo_workers(ddp_worker, world_size, (zero_adam, batches, sizes, seed, lr),
+    return run_gloo_workers(ddp_rank, world_size, (zero_adam, batches, sizes, seed, lr),
                             what="ZeroRedundancyOptimizer", timeout=timeout)

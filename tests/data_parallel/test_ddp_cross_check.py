@@ -1,9 +1,9 @@
 """ringlab's synchronous SGD ends where torch's DistributedDataParallel does.
 
 The same MLP (ringlab in float64, torch in float32, the same initial numbers),
-the same 20 batches, SGD; DDP on 2 and 4 gloo processes started with
-torch.multiprocessing ("spawn": torch_ddp.py says why not "fork"). The
-parameters agree to float32 rounding. And the
+the same 20 batches, SGD; DDP on 2 and 4 gloo processes of the torch backend
+(torch_ddp.py says why those). The parameters agree to float32 rounding; a
+cross-check that hangs ends at its timeout, named. And the
 ringlab program itself runs unchanged on backend="torch", with the same
 outputs and trace as in the simulator."""
 
@@ -38,6 +38,24 @@ def test_ddp_on_gloo_matches_ringlab_sync_sgd(world_size):
     start = single_process_sgd([], **KW)[1]
     assert np.abs(ours - start).max() > 0.05                 # training moved the parameters
     assert np.allclose(theirs, ours, rtol=1e-4, atol=1e-5)   # float32 rounding, 20 steps
+
+
+def _rank_0_never_joins(comm, _):
+    import torch.distributed as dist
+    if comm.rank:
+        dist.barrier()                    # waits for rank 0, which is somewhere else
+    else:
+        while True:
+            pass
+
+
+def test_a_hung_cross_check_raises_timeout_error_naming_it():
+    from ringlab.data_parallel.torch_ddp import run_gloo_workers
+    with pytest.raises(TimeoutError, match="a hung check on 2 gloo processes did not "
+                                           "finish within 3 s"):
+        run_gloo_workers(_rank_0_never_joins, 2, (), what="a hung check", timeout=3)
+    theirs = run_gloo_workers(lambda comm, _: comm.rank + 40, 2, (), what="", timeout=30)
+    assert theirs == 40                   # the pool still runs the next check
 
 
 def test_sync_sgd_runs_unchanged_on_torch():

@@ -219,8 +219,8 @@ def test_zero_runs_unchanged_on_torch(stage):
         assert a[0] == b[0] and np.array_equal(a[1], b[1])
 
 
-def test_torch_zero_redundancy_optimizer_matches_zero1_spawns_gloo_processes():
-    """Spawns 2 gloo processes (torch.multiprocessing, "spawn")."""
+def test_torch_zero_redundancy_optimizer_matches_zero1_on_gloo_processes():
+    """2 gloo processes of the torch backend (torch_ddp.py says why those)."""
     pytest.importorskip("torch")
     from ringlab.zero.torch_zero import train_zero
     batches = [b for _, b in zip(range(10), DATA.batches(8, seed=3))]
