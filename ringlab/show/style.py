@@ -16,6 +16,10 @@ Makefile) loads this module as an IPython extension, which
   subset to its own characters (book/_ext/cjk_font.py): without it matplotlib
   draws boxes and warns "Glyph ... missing from font(s) DejaVu Sans".
 
+All of that happens when the kernel's code first imports matplotlib, not when the
+kernel starts: a kernel that draws nothing (``ringlab grade`` runs a notebook in one,
+the tests start dozens) does not load matplotlib and its fonts (0.6 s of CPU each).
+
     >>> import matplotlib; matplotlib.use("Agg")
     >>> import matplotlib.pyplot as plt
     >>> fig, ax = plt.subplots()
@@ -29,10 +33,9 @@ Makefile) loads this module as an IPython extension, which
 
 from __future__ import annotations
 
+import importlib.util
 import os
-
-import matplotlib
-from matplotlib.text import Text
+import sys
 
 BODY_PX = 16                  # the book's body text, in CSS pixels
 PT = 12                       # the smallest text a figure draws, in points: 16.7 px at 100 dpi
@@ -64,6 +67,7 @@ def _drawn(text, renderer):
 
 def smallest_text_pt(fig):
     """The font size, in points, of the smallest text ``fig`` shows (None if none)."""
+    from matplotlib.text import Text
     renderer = fig.canvas.get_renderer()
     fig.draw_without_rendering()                  # places tick labels and legends
     sizes = [t.get_fontsize() for t in fig.findobj(Text) if _drawn(t, renderer)]
@@ -83,6 +87,7 @@ def use_cjk_font(rc=None):
     add the family after the current ones in ``rc`` (``matplotlib.rcParams``), so that
     Latin text keeps its font and figures without CJK stay the same bytes. Returns the
     family, or None (and changes nothing) when the font file is not there."""
+    import matplotlib
     rc = matplotlib.rcParams if rc is None else rc
     if not os.path.exists(CJK_FONT):
         return None
@@ -98,7 +103,16 @@ def use_cjk_font(rc=None):
 
 
 def load_ipython_extension(ip):
-    """Use the book's style in this kernel and show figures through ``png``."""
+    """Use the book's style in this kernel and show figures through ``png``: at once if
+    matplotlib is loaded, else right after the kernel's code first imports it."""
+    if "matplotlib" in sys.modules:
+        _use_in(ip)
+    else:
+        sys.meta_path.insert(0, _AfterImport("matplotlib", lambda: _use_in(ip)))
+
+
+def _use_in(ip):
+    import matplotlib
     from matplotlib.figure import Figure
     # Importing the inline backend sets it up in this kernel, with its PNG
     # formatter, once (it does not set it up again): ours then replaces it.
@@ -106,3 +120,24 @@ def load_ipython_extension(ip):
     matplotlib.rcParams.update(RC)
     use_cjk_font()
     ip.display_formatter.formatters["image/png"].for_type(Figure, png)
+
+
+class _AfterImport:
+    """An import hook (``sys.meta_path``) that calls ``then()`` once, right after the
+    module ``name`` has run, before the ``import`` that asked for it returns."""
+
+    def __init__(self, name, then):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)     # the module's own, found without us
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            self.then()
+        spec.loader.exec_module = exec_module
+        return spec
