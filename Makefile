@@ -21,7 +21,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	[ -f $(CJK_FONT) ] || missing="$$missing fonts-noto-cjk"; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; fi
-	$(BIN)/python -m pip install -e '.[test,book,torch]'
+	@# pip byte-compiles what it installs on one core (torch is most of it); compileall does
+	@# the same files on every core. Its errors are ignored, as pip ignores them: a few files
+	@# of torch's own tests are Python 3.12.
+	$(BIN)/python -m pip install --no-compile -e '.[test,book,torch]'
+	$(BIN)/python -c "import compileall, sysconfig; \
+		compileall.compile_dir(sysconfig.get_paths()['purelib'], quiet=2, workers=0)"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@# Every kernel here draws figures in the book's style and records their smallest text
 	@# (ringlab/show/style.py), which the shape check on the built book measures.
