@@ -37,11 +37,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 # The English book, every chapter executed (an empty cache: nothing stale is reused), then
 # the Chinese edition from that same run, in _build/html/zh (book/_ext/editions.py). The
-# chapters run first, one per core (book/_ext/execute.py); the build reads their runs.
+# chapters run first, one per core (book/_ext/execute.py); the build reads their runs, for
+# every page (--all: a chapter whose source is unchanged may still show new outputs).
 book: $(STAMP)
 	rm -rf _build/.jupyter_cache
 	$(BIN)/python book/_ext/execute.py
-	$(BIN)/jupyter-book build . --builder html -W --keep-going
+	$(BIN)/jupyter-book build . --builder html -W --keep-going --all
 	$(BIN)/python book/_ext/editions.py html
 	@echo "Open _build/html/index.html (中文版: _build/html/zh/index.html) in a browser."
 

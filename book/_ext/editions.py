@@ -33,15 +33,16 @@ EDITION = BUILD / "html" / "zh"          # where the Chinese pages go, beside th
 POT = BUILD / "gettext"                  # the English messages, one .pot file per page
 
 
-def _sphinx(builder, outdir, doctrees, **config):
+def _sphinx(builder, outdir, doctrees, freshenv=False, **config):
     """One Sphinx build of the book with ``config`` on top of ``_config.yml``
-    (jupyter-book's own entry point, as ``jupyter-book build`` calls it)."""
+    (jupyter-book's own entry point, as ``jupyter-book build`` calls it); ``freshenv``:
+    every page read again, also those whose source has not changed."""
     from jupyter_book.sphinx import build_sphinx
     config = dict(locale_dirs=[str(LOCALES)], gettext_compact=False,
                   latex_individualpages=False, **config)
     return build_sphinx(ROOT, outdir, noconfig=True, path_config=str(ROOT / "_config.yml"),
                         confoverrides=config, doctreedir=doctrees, builder=builder,
-                        warningiserror=True, keep_going=True)
+                        warningiserror=True, keep_going=True, freshenv=freshenv)
 
 
 def _messages():
@@ -61,7 +62,9 @@ def update():
 def html():
     """The Chinese edition, from the English build's executed notebooks; then the
     catalogs are checked against the current English text (see ``coverage``)."""
-    failed = _sphinx("html", EDITION, BUILD / ".doctrees-zh", language=LANGUAGE,
+    # Every page read again, as the English build does (``make book``'s --all): a chapter
+    # whose source is unchanged may still show new outputs.
+    failed = _sphinx("html", EDITION, BUILD / ".doctrees-zh", freshenv=True, language=LANGUAGE,
                      nb_execution_mode="cache",
                      nb_execution_cache_path=str(BUILD / ".jupyter_cache"),
                      # myst-nb's fold buttons ("Show code cell source") are not messages
