@@ -9,7 +9,6 @@ fonts-noto-cjk, which the Makefile installs.
 """
 
 import functools
-import importlib.util
 import io
 import os
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from ringlab.show import packed, style
+from support import book_ext
 from support.chromium import CHROMIUM, DRIVER
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,10 +30,7 @@ needs_font = pytest.mark.skipif(not os.path.exists(style.CJK_FONT),
 
 @functools.cache
 def _extension():
-    spec = importlib.util.spec_from_file_location("cjk_font", ROOT / "book/_ext/cjk_font.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return book_ext.load("cjk_font")
 
 
 def test_the_makefile_installs_the_font_the_book_uses():

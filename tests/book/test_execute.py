@@ -1,6 +1,5 @@
 """The chapters run before the build, several at once (book/_ext/execute.py), and the
 build finds their runs in its cache instead of executing them again."""
-import importlib.util
 import re
 import subprocess
 import sys
@@ -8,15 +7,10 @@ from pathlib import Path
 
 import yaml
 
+from support import book_ext
+
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = Path(ROOT / "book/start/world.md").read_text().split("---\n")[1]   # a chapter's top matter
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("execute", ROOT / "book/_ext/execute.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_chapter_with_code_is_run_in_the_order_of_the_book():
@@ -24,7 +18,7 @@ def test_every_chapter_with_code_is_run_in_the_order_of_the_book():
     docs = [toc["root"]] + [c["file"] for part in toc["parts"] for c in part["chapters"]]
     with_code = [ROOT / f"{d}.md" for d in docs
                  if re.search(r"^```\{code-cell\}", (ROOT / f"{d}.md").read_text(), re.M)]
-    assert load().chapters() == with_code
+    assert book_ext.load("execute").chapters() == with_code
     assert len(with_code) >= 30 and ROOT / "book/glossary.md" not in with_code
 
 
