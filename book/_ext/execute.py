@@ -48,12 +48,17 @@ def chapters(root=ROOT):
     return found
 
 
+def _reader(path):
+    """jupyter-cache's ``read_data`` for ``path``: myst-nb's for Markdown, else its default."""
+    return MYST if path.suffix == ".md" else None
+
+
 def _execute(path, timeout):
     """One chapter's run, in a worker process: (path, executed notebook or None, seconds,
     the error's text)."""
     from jupyter_cache.executors.utils import single_nb_execution
     from jupyter_cache.readers import get_reader
-    nb = get_reader(MYST if path.suffix == ".md" else None)(str(path))
+    nb = get_reader(_reader(path))(str(path))
     result = single_nb_execution(nb, cwd=str(path.parent), timeout=timeout, allow_errors=False)
     return path, None if result.err else nb, result.time, result.exc_string
 
@@ -83,8 +88,7 @@ def main(workers=None, root=ROOT):
                 last = plain.strip().splitlines()[-1:] or ["?"]
                 print(f"{name}: raised ({last[0]}); the build runs it again and shows where")
                 continue
-            record = cache.add_nb_to_project(str(path), read_data=MYST if path.suffix == ".md"
-                                             else None)
+            record = cache.add_nb_to_project(str(path), read_data=_reader(path))
             cache.cache_notebook_bundle(CacheBundleIn(nb, record.uri,
                                                       data={"execution_seconds": seconds}),
                                         check_validity=False, overwrite=True)

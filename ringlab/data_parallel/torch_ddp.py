@@ -22,7 +22,6 @@ watchdog) copies locks that those threads held, and a child can wait on one fore
 (a forked DDP run once hung CI for an hour).
 """
 
-
 import numpy as np
 
 from ..nn import mlp_model

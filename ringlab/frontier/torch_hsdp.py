@@ -1,15 +1,15 @@
 """The cross-check: the same training with PyTorch's FSDP2 ``fully_shard`` on a 2-D mesh.
 
 ``train_fsdp2(shape, batches, sizes=..., seed=..., lr=...)`` runs on R*S CPU
-processes of the torch backend (gloo, as ``torch_ddp.train_ddp``), lays them out with ``init_device_mesh("cpu", (R, S),
-mesh_dim_names=("replicate", "shard"))``, builds in each the float64 torch twin
-of ``ringlab.nn.mlp_model(sizes)``, applies ``fully_shard(layer, mesh=mesh)``
-to every Linear and then to the whole model (FSDP2's HSDP: parameters sharded
-over "shard", replicated over "replicate", gradients reduce-scattered in the
-one and all-reduced in the other), and trains it with ``torch.optim.Adam`` on
-the rank's shard of every batch. Returns rank 0's final parameters (gathered
-with ``full_tensor()``) as ringlab's flat float64 vector, to compare with
-``hsdp.hsdp_adam``.
+processes of the torch backend (gloo, as ``torch_ddp.train_ddp``), lays them out
+with ``init_device_mesh("cpu", (R, S), mesh_dim_names=("replicate", "shard"))``,
+builds in each the float64 torch twin of ``ringlab.nn.mlp_model(sizes)``, applies
+``fully_shard(layer, mesh=mesh)`` to every Linear and then to the whole model
+(FSDP2's HSDP: parameters sharded over "shard", replicated over "replicate",
+gradients reduce-scattered in the one and all-reduced in the other), and trains it
+with ``torch.optim.Adam`` on the rank's shard of every batch. Returns rank 0's final
+parameters (gathered with ``full_tensor()``) as ringlab's flat float64 vector, to
+compare with ``hsdp.hsdp_adam``.
 
 FSDP2 shards each parameter along its first dimension (``Shard(0)``), not a
 flat buffer: another partition, the same elementwise Adam. It averages the
